@@ -1,0 +1,341 @@
+"""sac2's two TorchDispatchModes and the record they share.
+
+``CachingMode`` runs during forward: it records every op in order, asks the policy about each, and keeps the
+outputs of the ops the policy saves. ``ReplayMode`` runs during recompute: it walks the same record, serves saved
+outputs, re-runs everything else, and stops with a precise error the moment recompute diverges from forward
+(another op, an extra call, a missing call). The record is a plain list, one entry per op, so both per-op paths
+are a list append or an index and an identity check.
+
+Where stock SAC is silently wrong, these modes are not:
+- a saved op that wrote into its arguments has what it wrote copied into the replayed buffers;
+- a saved random op advances the generator in recompute as it did in forward;
+- a saved output that a later op of the forward modifies in place is recomputed instead (with a one-time
+  warning), because what was cached is no longer what the op produced.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from sac2 import _compat, hops
+from sac2.policy import CheckpointPolicy, SaveList, SelectiveCheckpointContext, decide, is_save, op_name
+
+__all__ = ["Record", "CachingMode", "ReplayMode", "Saved"]
+
+Tensor = torch.Tensor
+_SAVING = frozenset(p for p in CheckpointPolicy if is_save(p))
+_KEYED = hops.KEYED_OPS
+_IGNORED = _compat.IGNORED_OPS
+_detach = _compat.detach_keeping_version
+_warned: set[str] = set()
+
+
+class _ArgRef:
+    """Stands, in a saved output, for an output that is one of the op's own (written) arguments."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: hops.Path) -> None:
+        self.path = path
+
+
+class Saved:
+    """A saved op in the record: its key, its detached outputs and what it wrote."""
+
+    __slots__ = ("key", "out", "tensors", "versions", "writes", "rng")
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        self.out: Any = None
+        self.tensors: list[Tensor] = []
+        self.versions: list[int] | None = None
+        self.writes: list[tuple[hops.Path, Tensor]] = []
+        self.rng: tuple[torch.Generator, Tensor] | None = None
+
+    def record_versions(self) -> None:
+        self.versions = [t._version for t in self.tensors]
+
+    def modified(self) -> bool:
+        return any(t._version != v for t, v in zip(self.tensors, self.versions))
+
+
+class Record:
+    """What one forward ran: per op, its key (recompute) or a ``Saved`` entry, in call order."""
+
+    __slots__ = ("log", "saved_at")
+
+    def __init__(self) -> None:
+        self.log: list[Any] = []
+        self.saved_at: list[int] = []
+
+    def key_at(self, i: int) -> Any:
+        e = self.log[i]
+        return e.key if type(e) is Saved else e
+
+    def describe(self, i: int) -> str:
+        """``aten.mm.default (call 2 of that op, op 7 of the region)``: how errors name a position."""
+        key = self.key_at(i)
+        nth = sum(1 for j in range(i) if self.key_at(j) is key)
+        return f"{_key_name(key)} (call {nth} of that op, op {i} of the region)"
+
+
+def _key_name(key: Any) -> str:
+    if type(key) is tuple:  # a compiled callable: (hop, idx, name)
+        return f"{op_name(key[0])}[{key[2] or 'callable ' + str(key[1])}]"
+    return op_name(key)
+
+
+def _warn_once(key: Any, message: str) -> None:
+    name = _key_name(key)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(message, stacklevel=3)
+
+
+class CachingMode(TorchDispatchMode):
+    """Forward: run each op, ask the policy, record it, keep the outputs of saved ops."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Compiled code under this mode still compiles; what it dispatches is recorded like any op.
+        return True
+
+    def __init__(self, policy_fn: Callable, record: Record) -> None:
+        super().__init__()
+        self.policy_fn = policy_fn
+        self.record = record
+        self.ac_graph_id: int | None = None  # set by torch when it traces this region for torch.compile
+        self._save_ops = policy_fn.ops if type(policy_fn) is SaveList else None
+        self._ctx = SelectiveCheckpointContext(is_recompute=False)
+        self._pending: Saved | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if self._pending is not None:
+            self._flush()
+        if func in _IGNORED:
+            return func(*args, **kwargs)
+        if self.ac_graph_id is not None and _compat.tracing_for_compile():
+            return self._trace(func, args, kwargs)
+
+        before = hops.tensor_versions(args, kwargs) if isinstance(func, torch._ops.HigherOrderOperator) else None
+        out = func(*args, **kwargs)
+        key = func if func not in _KEYED else hops.op_key(func, args)
+        log = self.record.log
+        if self._save_ops is not None:
+            save = func in self._save_ops or (key is not func and hops.region_of(func, args) in self._save_ops)
+        else:
+            ctx = self._ctx
+            ctx.op_output = out
+            value = self.policy_fn(ctx, func, *args, **kwargs)
+            if type(value) is CheckpointPolicy:
+                save = value in _SAVING
+            elif type(value) is bool:
+                save = value
+            else:
+                decide(value, func, len(log))  # raises, naming the op and the value
+        if save:
+            entry = self._save(key, func, args, kwargs, out, before)
+            if entry is not None:
+                self.record.saved_at.append(len(log))
+                log.append(entry)
+                return out
+        log.append(key)
+        return out
+
+    def _save(self, key, func, args, kwargs, out, before) -> Saved | None:
+        writes = hops.writes_of(func, args, kwargs, out, before)
+        if writes is None:
+            _warn_once(
+                key,
+                f"sac2: the policy saves {_key_name(key)}, which returns nothing yet takes tensors, so it can only "
+                f"have written into them in ways sac2 cannot see; it is recomputed in backward instead of saved.",
+            )
+            return None
+        entry = Saved(key)
+        written = {id(t): path for path, t in writes}
+        with torch.no_grad():
+            entry.writes = [(path, _detach(t)) for path, t in writes]
+            entry.out = _detached(out, written, entry.tensors)
+        entry.tensors.extend(t for _, t in entry.writes)
+        if hops.is_random(func):
+            gen = kwargs.get("generator") or _compat.default_generator(_device_of(out, args))
+            entry.rng = (gen, gen.get_state())
+        # In-place ops get their version bump from autograd after this returns: read versions at the next op.
+        self._pending = entry
+        return entry
+
+    def _flush(self) -> None:
+        self._pending.record_versions()
+        self._pending = None
+
+    def _trace(self, func, args, kwargs):
+        """Under torch.compile tracing: tag the FX nodes with the policy; the partitioner decides from the tags."""
+        log = self.record.log
+
+        def policy_of(out: Any) -> CheckpointPolicy:
+            self._ctx.op_output = out
+            policy = decide(self.policy_fn(self._ctx, func, *args, **kwargs), func, len(log))
+            entry = Saved(func)
+            entry.out = tree_map(lambda x: _detach(x) if isinstance(x, Tensor) else x, out)
+            entry.versions = []
+            log.append(entry)  # while tracing, everything is served from the record, as in torch's SAC
+            return policy
+
+        return _compat.tag_traced_nodes(lambda: func(*args, **kwargs), self.ac_graph_id, policy_of)
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if self._pending is not None:
+                self._flush()
+            if exc_type is None:
+                self._drop_modified()
+        finally:
+            super().__exit__(exc_type, exc, tb)
+
+    def _drop_modified(self) -> None:
+        """Saved outputs that a later op of this forward modified in place are recomputed instead of served."""
+        record = self.record
+        keep = []
+        for i in record.saved_at:
+            entry = record.log[i]
+            if entry.modified():
+                what = "wrote" if entry.writes else "returned"
+                _warn_once(
+                    entry.key,
+                    f"sac2: the policy saves {record.describe(i)}, but a tensor it {what} was modified in place "
+                    f"later in the forward, so the saved value is stale; sac2 recomputes this op in backward "
+                    f"instead. Have the policy recompute it to silence this warning.",
+                )
+                record.log[i] = entry.key
+            else:
+                keep.append(i)
+        record.saved_at = keep
+
+
+class ReplayMode(TorchDispatchMode):
+    """Recompute: walk the record, serve saved ops, re-run the rest, fail loudly on any divergence."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __init__(self, record: Record, allow_cache_entry_mutation: bool = False) -> None:
+        super().__init__()
+        self.record = record
+        self.allow_cache_entry_mutation = allow_cache_entry_mutation
+        self._cursor = 0
+
+    def __enter__(self):
+        self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if func in _IGNORED:
+            return func(*args, **kwargs)
+        key = func if func not in _KEYED else hops.op_key(func, args)
+        log = self.record.log
+        i = self._cursor
+        if i >= len(log):
+            raise RuntimeError(
+                f"sac2: recompute ran {_key_name(key)} as op {i} of the region, but the forward ran only "
+                f"{len(log)} ops. {_DIVERGED}"
+            )
+        self._cursor = i + 1
+        entry = log[i]
+        if entry is key:
+            return func(*args, **kwargs)
+        if type(entry) is Saved and entry.key is key:
+            return self._serve(entry, i, func, args, kwargs)
+        raise RuntimeError(
+            f"sac2: recompute diverged from forward at op {i} of the region: forward ran "
+            f"{self.record.describe(i)}, recompute ran {_key_name(key)}. {_DIVERGED}"
+        )
+
+    def _serve(self, entry: Saved, i: int, func, args, kwargs):
+        if entry.modified():
+            if not self.allow_cache_entry_mutation:
+                raise RuntimeError(
+                    f"sac2: the output of {self.record.describe(i)} that selective checkpointing saved was "
+                    f"modified in place after the checkpointed forward ended, so serving it would give wrong "
+                    f"gradients. Don't modify the region's outputs in place, have the policy recompute this op, "
+                    f"or pass allow_cache_entry_mutation=True to recompute it in backward."
+                )
+            return func(*args, **kwargs)
+        if entry.rng is not None:
+            gen, state = entry.rng
+            gen.set_state(state)
+        with torch.no_grad():
+            for path, saved in entry.writes:
+                hops.locate(args, kwargs, path).copy_(saved)
+        return _served(entry.out, args, kwargs)
+
+    def __exit__(self, exc_type, exc, tb):
+        cursor, n = self._cursor, len(self.record.log)
+        super().__exit__(exc_type, exc, tb)
+        if exc_type is None and cursor != n:
+            raise RuntimeError(
+                f"sac2: recompute ended after {cursor} ops, but the forward ran {n}; the first op missing is "
+                f"{self.record.describe(cursor)}. {_DIVERGED}"
+            )
+
+
+_DIVERGED = (
+    "The checkpointed function must run the same ops in backward as in forward: look for control flow that "
+    "depends on global state, on data that changed since forward, or on whether a tensor requires grad."
+)
+
+
+def _device_of(out: Any, args: tuple) -> torch.device:
+    for x in (out, *args):
+        if isinstance(x, Tensor):
+            return x.device
+    return torch.device("cpu")
+
+
+def _detached(out: Any, written: dict[int, hops.Path], tensors: list[Tensor]) -> Any:
+    """``out`` with tensors detached (collected into ``tensors``) and written arguments as ``_ArgRef``s."""
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, Tensor):
+            return x
+        path = written.get(id(x))
+        if path is not None:
+            return _ArgRef(path)
+        d = _detach(x)
+        tensors.append(d)
+        return d
+
+    if type(out) is Tensor:
+        return one(out)
+    if type(out) is tuple:
+        return tuple(one(x) for x in out)
+    return tree_map(one, out)
+
+
+def _served(out: Any, args: tuple, kwargs: dict) -> Any:
+    """A fresh alias of each saved tensor (autograd attaches history to what a mode returns) and the replayed
+    arguments in place of ``_ArgRef``s."""
+
+    def one(x: Any) -> Any:
+        if type(x) is _ArgRef:
+            return hops.locate(args, kwargs, x.path)
+        return _detach(x) if isinstance(x, Tensor) else x
+
+    if type(out) is Tensor:
+        return _detach(out)
+    if type(out) is tuple:
+        return tuple(one(x) for x in out)
+    return tree_map(one, out, is_leaf=lambda x: type(x) is _ArgRef)

@@ -1,0 +1,104 @@
+"""The policy vocabulary: what a policy may return, and how a list of ops becomes a policy.
+
+sac2 re-exports torch's ``CheckpointPolicy`` and ``SelectiveCheckpointContext`` rather than defining look-alikes,
+so a policy written for either library returns values the other understands, and comparisons such as
+``policy is CheckpointPolicy.MUST_SAVE`` mean the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Union
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
+
+__all__ = [
+    "CheckpointPolicy",
+    "SelectiveCheckpointContext",
+    "PolicyFn",
+    "SaveList",
+    "as_policy",
+    "decide",
+    "is_save",
+    "op_name",
+]
+
+PolicyFn = Callable[..., Union[CheckpointPolicy, bool]]
+
+_SAVING = frozenset(
+    {
+        CheckpointPolicy.MUST_SAVE,
+        CheckpointPolicy.PREFER_SAVE,
+        CheckpointPolicy.MUST_CPU_OFFLOAD,
+        CheckpointPolicy.PREFER_CPU_OFFLOAD,
+    }
+)
+
+
+def op_name(op: Any) -> str:
+    """A short readable name: ``aten.mm.default``, ``flex_attention``, ``region 'attn'``."""
+    name = getattr(op, "name", None)
+    if isinstance(op, torch._ops.OpOverload):
+        return str(op)
+    if isinstance(op, torch._ops.HigherOrderOperator):
+        return op.name()
+    return str(name if isinstance(name, str) else op)
+
+
+def decide(value: Any, op: Any, call_index: int) -> CheckpointPolicy:
+    """Normalise what a policy returned: a ``CheckpointPolicy`` or a bool (True saves), else TypeError."""
+    if type(value) is CheckpointPolicy:
+        return value
+    if type(value) is bool:
+        return CheckpointPolicy.MUST_SAVE if value else CheckpointPolicy.PREFER_RECOMPUTE
+    raise TypeError(
+        f"sac2: the policy returned {value!r} (type {type(value).__name__}) for {op_name(op)} "
+        f"(call {call_index}); a policy must return a CheckpointPolicy member or a bool (True saves)."
+    )
+
+
+def is_save(policy: CheckpointPolicy) -> bool:
+    """Whether a policy keeps the op's output (SAVE and CPU_OFFLOAD do, RECOMPUTE does not)."""
+    return policy in _SAVING
+
+
+class SaveList:
+    """The policy a list of ops stands for: MUST_SAVE for those ops, PREFER_RECOMPUTE for all others.
+
+    The modes read ``ops`` directly (a set lookup per op), so a list policy costs no Python call per op.
+    """
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops: Iterable[Any]) -> None:
+        ops = list(ops)
+        for op in ops:
+            if isinstance(op, torch._ops.OpOverloadPacket):
+                raise ValueError(
+                    f"sac2: {op} in the save list is an OpOverloadPacket, which names every overload of the op; "
+                    f"list the overload the op runs as, e.g. {op}.default."
+                )
+            if not isinstance(op, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+                raise ValueError(
+                    f"sac2: {op!r} (type {type(op).__name__}) in the save list is not an op; list OpOverloads "
+                    f"such as torch.ops.aten.mm.default or higher-order ops such as "
+                    f"torch.ops.higher_order.flex_attention."
+                )
+        self.ops = frozenset(ops)
+
+    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if op in self.ops else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def __repr__(self) -> str:
+        return f"SaveList({sorted(map(op_name, self.ops))})"
+
+
+def as_policy(policy_fn_or_list: Any) -> PolicyFn:
+    """A policy callable from a policy function or a list/tuple/set of ops."""
+    if isinstance(policy_fn_or_list, (list, tuple, set, frozenset)):
+        return SaveList(policy_fn_or_list)
+    if callable(policy_fn_or_list):
+        return policy_fn_or_list
+    raise TypeError(
+        f"sac2: expected a policy function or a list of ops, got {type(policy_fn_or_list).__name__}."
+    )
