@@ -11,6 +11,7 @@ Where stock SAC is silently wrong, these modes are not:
 - a saved random op advances the generator in recompute as it did in forward;
 - a saved output that a later op of the forward modifies in place is recomputed instead (with a one-time
   warning), because what was cached is no longer what the op produced.
+- a saved view op is re-run on its replayed input, since its output aliases forward's storage.
 """
 
 from __future__ import annotations
@@ -29,10 +30,28 @@ __all__ = ["Record", "CachingMode", "ReplayMode", "Saved"]
 
 Tensor = torch.Tensor
 _SAVING = frozenset(p for p in CheckpointPolicy if is_save(p))
-_KEYED = hops.KEYED_OPS
-_IGNORED = _compat.IGNORED_OPS
 _detach = _compat.detach_keeping_version
 _warned: set[str] = set()
+
+# What kind of op a dispatched func is, cached by id(): OpOverload.__hash__ is Python code and the per-op path
+# must stay at one dict lookup. Classified ops are kept alive so their ids stay theirs.
+_PLAIN, _IGNORE, _HOP, _KEYED = 0, 1, 2, 3
+_kinds: dict[int, int] = {}
+_classified: list[Any] = []
+
+
+def _classify(func: Any) -> int:
+    if func in _compat.IGNORED_OPS:
+        kind = _IGNORE
+    elif func in hops.KEYED_OPS:
+        kind = _KEYED
+    elif isinstance(func, torch._ops.OpOverload):
+        kind = _PLAIN
+    else:
+        kind = _HOP
+    _kinds[id(func)] = kind
+    _classified.append(func)
+    return kind
 
 
 class _ArgRef:
@@ -113,6 +132,7 @@ class CachingMode(TorchDispatchMode):
         self.record = record
         self.ac_graph_id: int | None = None  # set by torch when it traces this region for torch.compile
         self._save_ops = policy_fn.ops if type(policy_fn) is SaveList else None
+        self._save_ids = None if self._save_ops is None else frozenset(map(id, self._save_ops))
         self._ctx = SelectiveCheckpointContext(is_recompute=False)
         self._pending: Saved | None = None
 
@@ -121,17 +141,25 @@ class CachingMode(TorchDispatchMode):
             kwargs = {}
         if self._pending is not None:
             self._flush()
-        if func in _IGNORED:
+        kind = _kinds.get(id(func))
+        if kind is None:
+            kind = _classify(func)
+        if kind == _IGNORE:
             return func(*args, **kwargs)
         if self.ac_graph_id is not None and _compat.tracing_for_compile():
             return self._trace(func, args, kwargs)
 
-        before = hops.tensor_versions(args, kwargs) if isinstance(func, torch._ops.HigherOrderOperator) else None
-        out = func(*args, **kwargs)
-        key = func if func not in _KEYED else hops.op_key(func, args)
+        if kind == _PLAIN:
+            before = None
+            out = func._op(*args, **kwargs)  # what OpOverload.__call__ does, minus a Python frame
+            key = func
+        else:
+            before = hops.tensor_versions(args, kwargs)
+            out = func(*args, **kwargs)
+            key = func if kind == _HOP else hops.op_key(func, args)
         log = self.record.log
-        if self._save_ops is not None:
-            save = func in self._save_ops or (key is not func and hops.region_of(func, args) in self._save_ops)
+        if self._save_ids is not None:
+            save = id(func) in self._save_ids or (kind == _KEYED and hops.region_of(func, args) in self._save_ops)
         else:
             ctx = self._ctx
             ctx.op_output = out
@@ -142,6 +170,10 @@ class CachingMode(TorchDispatchMode):
                 save = value
             else:
                 decide(value, func, len(log))  # raises, naming the op and the value
+        if save and isinstance(func, torch._ops.OpOverload) and func.is_view:
+            # A view's output aliases its input: serving forward's alias would tie recompute to forward's storage
+            # (wrong gradients once anything writes through it); re-running the view on the replayed input is free.
+            save = False
         if save:
             entry = self._save(key, func, args, kwargs, out, before)
             if entry is not None:
@@ -243,9 +275,12 @@ class ReplayMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if func in _IGNORED:
+        kind = _kinds.get(id(func))
+        if kind is None:
+            kind = _classify(func)
+        if kind == _IGNORE:
             return func(*args, **kwargs)
-        key = func if func not in _KEYED else hops.op_key(func, args)
+        key = func if kind != _KEYED else hops.op_key(func, args)
         log = self.record.log
         i = self._cursor
         if i >= len(log):
@@ -256,7 +291,7 @@ class ReplayMode(TorchDispatchMode):
         self._cursor = i + 1
         entry = log[i]
         if entry is key:
-            return func(*args, **kwargs)
+            return func._op(*args, **kwargs) if kind == _PLAIN else func(*args, **kwargs)
         if type(entry) is Saved and entry.key is key:
             return self._serve(entry, i, func, args, kwargs)
         raise RuntimeError(
