@@ -1,0 +1,7 @@
+"""Ready-made selective-checkpointing policies: ``sac2.policies.llm()``, ``every_other_matmul()``,
+``recompute_linears(model, names)`` and ``compose(...)`` to combine them. See ``sac2.policies.presets``."""
+
+from sac2.policies.budget import MemoryBudget, memory_budget
+from sac2.policies.presets import compose, every_other_matmul, llm, llm_save_list, recompute_linears
+
+__all__ = ["memory_budget", "MemoryBudget", "llm", "llm_save_list", "every_other_matmul", "recompute_linears", "compose"]

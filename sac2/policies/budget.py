@@ -1,0 +1,133 @@
+"""``memory_budget``: the policy that keeps at most a given activation memory and recomputes as little as possible.
+
+One profiled forward gives, per op call, the activation storages saving it keeps and its recompute cost
+(``sac2.profile``). Calls that share a storage (an op and the in-place ops that write into its output) are
+decided together, since keeping the storage once serves them all; views and stale outputs are never saved.
+What is left is a 0/1 knapsack, solved exactly where possible (``sac2.knapsack``). The answer is keyed by
+(op, call index within the forward), so the policy decides the same way in every forward of that function.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from sac2 import hops
+from sac2.knapsack import Solution, solve
+from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext, op_name
+from sac2.profile import Profile, profile
+
+__all__ = ["MemoryBudget", "memory_budget"]
+
+SAVE = CheckpointPolicy.PREFER_SAVE
+RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class MemoryBudget:
+    """A policy answering, per (op, call index) of the forward, what the budget solver chose.
+
+    PREFER_* answers, so ``compose`` with a MUST_* piece overrides it. Call counts restart with each forward
+    (each checkpointed call gets a fresh ``SelectiveCheckpointContext`` from sac2's forward mode).
+    """
+
+    def __init__(self, profiled: Profile, saved: frozenset[int], capacity: int, solution: Solution) -> None:
+        self.profile = profiled
+        self.capacity = capacity
+        self.solution = solution
+        self.rule = f"memory_budget({capacity} B, {solution.method})"
+        self.saved = saved
+        self._decisions = {(c.key, c.index): SAVE if i in saved else RECOMPUTE for i, c in enumerate(profiled.calls)}
+        self._ctx: SelectiveCheckpointContext | None = None
+        self._counts: dict[Any, int] = {}
+
+    @property
+    def kept_bytes(self) -> int:
+        """Activation bytes the chosen saves keep (per the profile)."""
+        return self.profile.kept_bytes(self.saved)
+
+    @property
+    def recompute_cost(self) -> float:
+        """Cost, in the profile's unit, of what backward re-runs."""
+        return self.profile.recompute_cost(self.saved)
+
+    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if ctx is not self._ctx:
+            self._ctx, self._counts = ctx, {}
+        key = hops.op_key(op, args) if op in hops.KEYED_OPS else op
+        n = self._counts.get(key, 0)
+        self._counts[key] = n + 1
+        decision = self._decisions.get((key, n))
+        if decision is None:
+            raise RuntimeError(
+                f"sac2.memory_budget: this forward runs {op_name(op)} (call {n} of that op), which the profiled "
+                f"forward did not run ({sum(1 for k, _ in self._decisions if k is key)} calls of it). A budget "
+                f"policy applies to the function it profiled: build one per checkpointed function, with inputs "
+                f"that take the same path through it."
+            )
+        return decision
+
+    def why(self, key: Any, index: int) -> str:
+        """Which rule decided call ``index`` of ``key``: how ``sac2.explain`` labels it."""
+        return self.rule
+
+    def __repr__(self) -> str:
+        return f"MemoryBudget(saves {len(self.saved)} of {len(self.profile.calls)} op calls, {self.rule})"
+
+
+def memory_budget(
+    fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], budget: float | int, cost: str | None = None
+) -> MemoryBudget:
+    """A policy keeping at most ``budget`` of activation memory while recomputing the least.
+
+    ``budget``: a float in [0, 1] is a fraction of what saving every op keeps; an int is bytes. ``cost`` is
+    ``"time"`` (measured) or ``"flops"`` (estimated); by default time, unless the inputs are fake or meta.
+    ``fn_or_module(*example_inputs)`` runs once to profile.
+    """
+    profiled = profile(fn_or_module, example_inputs, cost)
+    return solve_budget(profiled, budget)
+
+
+def solve_budget(profiled: Profile, budget: float | int) -> MemoryBudget:
+    """The ``MemoryBudget`` for an existing profile (``sac2.explain`` sweeps budgets this way)."""
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise TypeError(f"sac2.memory_budget: budget must be a fraction (float) or bytes (int), got {budget!r}.")
+    if isinstance(budget, float):
+        if not 0.0 <= budget <= 1.0:
+            raise ValueError(
+                f"sac2.memory_budget: a fractional budget must be in [0, 1], got {budget}; pass an int for bytes."
+            )
+        capacity = int(budget * profiled.total_bytes)
+    elif budget < 0:
+        raise ValueError(f"sac2.memory_budget: a budget in bytes must be >= 0, got {budget}.")
+    else:
+        capacity = budget
+    groups = _groups(profiled)
+    weights = [sum(profiled.storage_bytes[s] for s in storages) for _, storages in groups]
+    values = [sum(profiled.calls[i].cost for i in calls) for calls, _ in groups]
+    solution = solve(weights, values, capacity)
+    saved = frozenset(i for g in solution.chosen for i in groups[g][0])
+    return MemoryBudget(profiled, saved, capacity, solution)
+
+
+def _groups(profiled: Profile) -> list[tuple[list[int], set[int]]]:
+    """Saveable calls joined when they share a storage: (calls, storages) per group."""
+    groups: list[tuple[list[int], set[int]]] = []
+    owner: dict[int, int] = {}  # storage -> group
+    for i, call in enumerate(profiled.calls):
+        if call.view or call.stale:
+            continue
+        hit = sorted({owner[s] for s in call.storages if s in owner})
+        if hit:
+            g = hit[0]
+            for other in hit[1:]:  # this call bridges groups: merge them into the first
+                calls, storages = groups[other]
+                groups[g][0].extend(calls)
+                groups[g][1].update(storages)
+                groups[other] = ([], set())
+        else:
+            g = len(groups)
+            groups.append(([], set()))
+        groups[g][0].append(i)
+        groups[g][1].update(call.storages)
+        for s in groups[g][1]:
+            owner[s] = g
+    return [g for g in groups if g[0]]

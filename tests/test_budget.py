@@ -1,0 +1,136 @@
+"""memory_budget: the policy keeps what the budget allows, recomputes least, and is an ordinary sac2 policy."""
+
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+from torch import nn
+
+import sac2
+from sac2.policies import llm_save_list
+from sac2.policies.budget import memory_budget
+from sac2.profile import activation_memory, profile
+
+aten = torch.ops.aten
+
+
+class Block(nn.Module):
+    """A tiny llama-style block: RMSNorm, fused QKV, causal SDPA, SwiGLU MLP, residuals, optional dropout."""
+
+    def __init__(self, d: int = 32, heads: int = 4, p: float = 0.0) -> None:
+        super().__init__()
+        self.heads, self.p = heads, p
+        self.n1, self.n2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
+        self.down = nn.Linear(2 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.n1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + F.dropout(self.o(a), self.p)
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def _model(p: float = 0.0) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(Block(p=p), Block(p=p))
+
+
+def _input() -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randn(2, 8, 32, requires_grad=True)
+
+
+def _save_all(ctx, op, *args, **kwargs):
+    return sac2.CheckpointPolicy.MUST_SAVE
+
+
+def _grads(model, x, policy=None):
+    torch.manual_seed(2)
+    if policy is None:
+        out = model(x)
+    else:
+        out = sac2.checkpoint(
+            model, x, context_fn=lambda: sac2.create_selective_checkpoint_contexts(policy)
+        )
+    return torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
+
+
+class TestMemoryBudget(TestCase):
+    def test_measured_activation_memory_is_within_each_budget(self):
+        model, x = _model(), _input()
+        everything = activation_memory(model, (x,), _save_all)
+        for budget in (0.3, 0.5, 0.7):
+            policy = memory_budget(model, (x,), budget, cost="flops")
+            kept = activation_memory(model, (x,), policy)
+            self.assertLessEqual(kept, 1.02 * budget * everything, f"budget {budget}")
+            self.assertEqual(kept, policy.kept_bytes)
+
+    def test_recomputes_no_more_than_a_save_list_at_equal_memory(self):
+        model, x = _model(), _input()
+        for preset in (llm_save_list(), [aten.mm.default]):
+            preset_profile = profile(model, (x,), cost="flops", policy=preset)
+            saved = [i for i, c in enumerate(preset_profile.calls) if sac2.policy.is_save(c.decision)]
+            preset_bytes = preset_profile.kept_bytes(saved)
+            policy = memory_budget(model, (x,), preset_bytes, cost="flops")
+            self.assertLessEqual(policy.kept_bytes, preset_bytes)
+            self.assertLessEqual(policy.recompute_cost, preset_profile.recompute_cost(saved))
+
+    def test_gradients_are_bit_exact(self):
+        model, x = _model(), _input()
+        policy = memory_budget(model, (x,), 0.5, cost="flops")
+        for got, want in zip(_grads(model, x, policy), _grads(model, x)):
+            self.assertTrue(torch.equal(got, want))
+
+    def test_random_ops_replay_the_same_numbers(self):
+        model, x = _model(p=0.5), _input()
+        for budget in (0.0, 0.5, 1.0):
+            policy = memory_budget(model, (x,), budget, cost="flops")
+            for got, want in zip(_grads(model, x, policy), _grads(model, x)):
+                self.assertTrue(torch.equal(got, want), f"budget {budget}")
+
+    def test_decisions_are_the_same_in_every_forward(self):
+        model, x = _model(), _input()
+        policy = memory_budget(model, (x,), 0.5, cost="flops")
+        answers = []
+
+        def spy(ctx, op, *args, **kwargs):
+            answers.append(policy(ctx, op, *args, **kwargs))
+            return answers[-1]
+
+        _grads(model, x, spy)
+        first = list(answers)
+        answers.clear()
+        _grads(model, x, spy)
+        self.assertEqual(answers, first)
+        self.assertEqual(len(first), len(policy.profile.calls))
+
+    def test_views_are_never_saved(self):
+        model, x = _model(), _input()
+        policy = memory_budget(model, (x,), 1.0, cost="flops")
+        self.assertTrue(all(i not in policy.saved for i, c in enumerate(policy.profile.calls) if c.view))
+
+    def test_a_budget_in_bytes_caps_the_kept_bytes(self):
+        model, x = _model(), _input()
+        policy = memory_budget(model, (x,), 10_000, cost="flops")
+        self.assertLessEqual(activation_memory(model, (x,), policy), 10_000)
+
+    def test_measured_cost_is_in_seconds(self):
+        model, x = _model(), _input()
+        policy = memory_budget(model, (x,), 0.5)
+        self.assertEqual(policy.profile.cost_unit, "s")
+        self.assertLessEqual(policy.kept_bytes, 0.5 * policy.profile.total_bytes)
+
+    def test_a_different_forward_is_an_error_naming_the_op(self):
+        model, x = _model(), _input()
+        policy = memory_budget(model[0], (x,), 0.5, cost="flops")
+        with self.assertRaisesRegex(RuntimeError, r"runs aten\.\S+ \(call \d+ of that op\).*build one per"):
+            _grads(model, x, policy)
+
+    def test_fraction_out_of_range_is_an_error(self):
+        model, x = _model(), _input()
+        with self.assertRaisesRegex(ValueError, "must be in \\[0, 1\\], got 1.5; pass an int for bytes"):
+            memory_budget(model, (x,), 1.5, cost="flops")
