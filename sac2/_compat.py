@@ -101,7 +101,7 @@ def compiled_callable_key(args: tuple) -> tuple[int, str | None]:
     from torch._higher_order_ops.wrap import _resolve_inductor_callable
 
     fn = _resolve_inductor_callable(args[0])
-    return fn.idx, getattr(fn, "name", None)
+    return fn.idx, fn.compile_region_name
 
 
 def triton_written_args(kwargs: dict) -> list[str]:
