@@ -1,0 +1,176 @@
+"""``sac2.explain``: what a policy keeps and recomputes, per op, and what other budgets would trade.
+
+One profiled forward (``sac2.profile``) asks the policy about every op call, as sac2's forward mode would. Rows
+group calls by op (a ``sac2.region`` is one op): how many calls, the activation bytes its saved calls keep, the
+bytes its recomputed calls free, the recompute cost, the decision and the rule that made it. A policy names
+its rule with ``why(op_key, call_index) -> str`` (``MemoryBudget`` does); otherwise the policy's name stands.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from sac2.policies.budget import solve_budget
+from sac2.policy import CheckpointPolicy, SaveList, as_policy, is_save
+from sac2.profile import Profile, profile
+
+__all__ = ["Row", "Report", "explain", "plot_budgets"]
+
+_OFFLOAD = frozenset({CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
+#: Budgets the report's trade-off curve samples, as fractions of what saving everything keeps.
+BUDGETS = tuple(i / 10 for i in range(11))
+
+
+@dataclass
+class Row:
+    """One op of the report (all its calls in the forward)."""
+
+    op: str
+    calls: int
+    saved_bytes: int
+    freed_bytes: int
+    recompute_cost: float
+    decision: str
+    rule: str
+
+
+@dataclass
+class Report:
+    """Per-op rows, totals, and the memory/recompute trade-off across budgets (fraction, bytes, cost)."""
+
+    rows: list[Row]
+    cost_unit: str
+    kept_bytes: int
+    total_bytes: int
+    recompute_cost: float
+    curve: list[tuple[float, int, float]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        head = ("op", "calls", "saved B", "freed B", f"recompute ({self.cost_unit})", "decision", "rule")
+        body = [
+            (r.op, str(r.calls), str(r.saved_bytes), str(r.freed_bytes), f"{r.recompute_cost:.4g}", r.decision, r.rule)
+            for r in self.rows
+        ]
+        total = ("total", str(sum(r.calls for r in self.rows)), str(self.kept_bytes),
+                 str(self.total_bytes - self.kept_bytes), f"{self.recompute_cost:.4g}", "", "")
+        lines = [head, *body, total]
+        widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+        fmt = lambda line: "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()  # noqa: E731
+        return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body), fmt(total)])
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        data = json.loads(text)
+        data["rows"] = [Row(**r) for r in data["rows"]]
+        data["curve"] = [tuple(p) for p in data["curve"]]
+        return cls(**data)
+
+    def plot(self, path: str) -> None:
+        """Write a PNG of kept memory against recompute cost across budgets, this policy marked."""
+        _plot(self.curve, (self.kept_bytes, self.recompute_cost), self.cost_unit, path)
+
+
+def explain(fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], policy: Any, cost: str | None = None) -> Report:
+    """Run ``fn_or_module(*example_inputs)`` once and report what ``policy`` keeps and recomputes per op.
+
+    ``cost``: ``"time"`` (measured) or ``"flops"`` (estimated, deterministic); by default time unless the inputs
+    are fake or meta.
+    """
+    policy = as_policy(policy)
+    return _report(profile(fn_or_module, example_inputs, cost, policy), policy)
+
+
+def plot_budgets(
+    fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], path: str, cost: str | None = None
+) -> list[tuple[float, int, float]]:
+    """Profile one forward and plot, to ``path``, memory against recompute cost for budgets 0, 0.1, ..., 1."""
+    prof = profile(fn_or_module, example_inputs, cost)
+    curve = _curve(prof)
+    _plot(curve, None, prof.cost_unit, path)
+    return curve
+
+
+explain.plot_budgets = plot_budgets  # type: ignore[attr-defined]  # the spelling `sac2.explain.plot_budgets`
+
+
+def _report(prof: Profile, policy: Any) -> Report:
+    served = [i for i, c in enumerate(prof.calls) if is_save(c.decision) and not c.stale]
+    kept: set[int] = set()
+    owner: dict[int, int] = {}  # kept storage -> the call whose saving first keeps it
+    for i in served:
+        for s in prof.calls[i].storages:
+            if s not in kept:
+                kept.add(s)
+                owner[s] = i
+    allocated: dict[int, int] = {}  # storage -> the call that allocated it
+    for i, c in enumerate(prof.calls):
+        for s in c.storages:
+            allocated.setdefault(s, i)
+    why = getattr(policy, "why", None)
+    name = _policy_name(policy)
+    rows: dict[str, Row] = {}
+    for i, c in enumerate(prof.calls):
+        row = rows.get(c.name)
+        if row is None:
+            row = rows[c.name] = Row(c.name, 0, 0, 0, 0.0, "", "")
+        row.calls += 1
+        row.saved_bytes += sum(prof.storage_bytes[s] for s, j in owner.items() if j == i)
+        row.freed_bytes += sum(prof.storage_bytes[s] for s, j in allocated.items() if j == i and s not in kept)
+        if i not in served:
+            row.recompute_cost += c.cost
+        rule = "stale output: sac2 recomputes it" if c.stale and is_save(c.decision) else (
+            why(c.key, c.index) if why is not None else name
+        )
+        row.rule = rule if row.rule in ("", rule) else "several"
+    for op, row in rows.items():
+        calls = [i for i, c in enumerate(prof.calls) if c.name == op]
+        row.decision = _decision(prof, calls, set(served))
+    return Report(list(rows.values()), prof.cost_unit, prof.kept_bytes(served), prof.total_bytes,
+                  prof.recompute_cost(served), _curve(prof))
+
+
+def _decision(prof: Profile, calls: list[int], served: set[int]) -> str:
+    n = sum(1 for i in calls if i in served)
+    offloaded = n and all(prof.calls[i].decision in _OFFLOAD for i in calls if i in served)
+    kind = "offload" if offloaded else "save"
+    if n == len(calls):
+        return kind
+    return "recompute" if n == 0 else f"{kind} {n} of {len(calls)}"
+
+
+def _policy_name(policy: Any) -> str:
+    if isinstance(policy, SaveList):
+        return "save list"
+    return getattr(policy, "__name__", None) or type(policy).__name__
+
+
+def _curve(prof: Profile) -> list[tuple[float, int, float]]:
+    points = []
+    for b in BUDGETS:
+        policy = solve_budget(prof, b)
+        points.append((b, policy.kept_bytes, policy.recompute_cost))
+    return points
+
+
+def _plot(curve: list[tuple[float, int, float]], mark: tuple[int, float] | None, unit: str, path: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot([p[1] for p in curve], [p[2] for p in curve], "o-", label="memory_budget")
+    for b, kept, cost in curve:
+        ax.annotate(f"{b:g}", (kept, cost), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if mark is not None:
+        ax.plot([mark[0]], [mark[1]], "r*", markersize=12, label="this policy")
+    ax.set_xlabel("activation memory kept for backward (bytes)")
+    ax.set_ylabel(f"recompute cost ({unit})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)

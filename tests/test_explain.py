@@ -1,0 +1,70 @@
+"""sac2.explain: a per-op report of what a policy keeps and recomputes, as a table, as JSON and as a plot."""
+
+import os
+import tempfile
+
+import torch
+from expecttest import TestCase
+from torch import nn
+
+from sac2.explain import Report, explain, plot_budgets
+from sac2.policies.budget import memory_budget
+
+aten = torch.ops.aten
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.Tanh())
+
+
+def _input() -> torch.Tensor:
+    return torch.ones(4, 16, requires_grad=True)
+
+
+class TestExplain(TestCase):
+    def test_table_for_a_save_list(self):
+        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+        self.assertExpectedInline(str(report), """\
+op                  calls  saved B  freed B  recompute (flop)  decision   rule
+------------------  -----  -------  -------  ----------------  ---------  ---------
+aten.t.default      2      0        0        0                 recompute  save list
+aten.addmm.default  2      768      0        0                 save       save list
+aten.relu.default   1      0        512      128               recompute  save list
+aten.tanh.default   1      0        256      64                recompute  save list
+total               6      768      768      192""")
+
+    def test_table_for_a_memory_budget_names_the_solver(self):
+        model, x = _mlp(), _input()
+        report = explain(model, (x,), memory_budget(model, (x,), 0.5, cost="flops"), cost="flops")
+        self.assertExpectedInline(str(report), """\
+op                  calls  saved B  freed B  recompute (flop)  decision   rule
+------------------  -----  -------  -------  ----------------  ---------  ---------------------------
+aten.t.default      2      0        0        0                 recompute  memory_budget(768 B, exact)
+aten.addmm.default  2      768      0        0                 save       memory_budget(768 B, exact)
+aten.relu.default   1      0        512      128               recompute  memory_budget(768 B, exact)
+aten.tanh.default   1      0        256      64                recompute  memory_budget(768 B, exact)
+total               6      768      768      192""")
+
+    def test_json_round_trips(self):
+        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+        self.assertEqual(Report.from_json(report.to_json()), report)
+
+    def test_curve_spans_budgets_with_memory_rising_and_cost_falling(self):
+        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+        budgets, kept, cost = zip(*report.curve)
+        self.assertEqual(budgets[0], 0.0)
+        self.assertEqual(budgets[-1], 1.0)
+        self.assertEqual(list(kept), sorted(kept))
+        self.assertEqual(list(cost), sorted(cost, reverse=True))
+        self.assertEqual(kept[-1], report.total_bytes)
+
+    def test_plot_writes_a_png(self):
+        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+        with tempfile.TemporaryDirectory() as d:
+            report.plot(os.path.join(d, "r.png"))
+            curve = plot_budgets(_mlp(), (_input(),), os.path.join(d, "b.png"), cost="flops")
+            for name in ("r.png", "b.png"):
+                with open(os.path.join(d, name), "rb") as f:
+                    self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        self.assertEqual(curve, report.curve)
