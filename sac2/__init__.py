@@ -6,6 +6,16 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 from sac2.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from sac2.hops import Region, region_of
 from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext
+from sac2 import policies
+from sac2.apply import apply_ac
+from sac2.wrappers import (
+    CheckpointImpl,
+    CheckpointWrapper,
+    apply_activation_checkpointing,
+    checkpoint_module,
+    checkpoint_wrapper,
+    offload_wrapper,
+)
 
 __all__ = [
     "checkpoint",
@@ -14,6 +24,14 @@ __all__ = [
     "SelectiveCheckpointContext",
     "Region",
     "region_of",
+    "policies",
+    "apply_ac",
+    "CheckpointImpl",
+    "CheckpointWrapper",
+    "apply_activation_checkpointing",
+    "checkpoint_module",
+    "checkpoint_wrapper",
+    "offload_wrapper",
 ]
 
 __version__ = "0.1.0"

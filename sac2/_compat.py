@@ -25,6 +25,9 @@ __all__ = [
     "compiled_callable_key",
     "triton_written_args",
     "default_generator",
+    "CheckpointImpl",
+    "register_activation_wrapper",
+    "wrap_policy_targets",
 ]
 
 #: Ops that forward and recompute legitimately run a different number of times (detach, metadata queries
@@ -127,3 +130,29 @@ def default_generator(device: torch.device) -> torch.Generator:
     module = torch.get_device_module(device.type)
     index = device.index if device.index is not None else module.current_device()
     return module.default_generators[index]
+
+
+# --- module wrappers (sac2.wrappers) ---
+try:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper as _ActivationWrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
+except ImportError:  # torch built without distributed: same members, so user code reads the same
+    import enum as _enum
+
+    _ActivationWrapper = None
+    CheckpointImpl = _enum.Enum("CheckpointImpl", ["REENTRANT", "NO_REENTRANT"])  # type: ignore[misc]
+
+
+def register_activation_wrapper(cls: type) -> None:
+    """Make ``isinstance(m, torch's ActivationWrapper)`` hold for sac2's wrappers, so torch code that looks through
+    activation wrappers (FSDP1's ``.module``) looks through ours."""
+    if _ActivationWrapper is not None:
+        _ActivationWrapper.register(cls)
+
+
+def wrap_policy_targets(policy: Any, root: torch.nn.Module) -> dict:
+    """The modules an FSDP ``_Policy`` object (``CustomPolicy``) selects under ``root``, each with its kwargs."""
+    run = getattr(policy, "_run_policy", None)
+    if run is None:
+        raise ValueError(f"sac2: auto_wrap_policy {policy!r} is neither callable nor an FSDP wrap policy.")
+    return run(root, ignored_modules=set(), root_kwargs={})

@@ -1,0 +1,114 @@
+"""``apply_ac``: checkpoint every block of a transformer stack in one call."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable, Union
+
+from torch import nn
+
+from sac2.checkpoint import create_selective_checkpoint_contexts
+from sac2.policies import llm
+from sac2.wrappers import checkpoint_wrapper
+
+__all__ = ["apply_ac"]
+
+Blocks = Union[nn.ModuleList, nn.ModuleDict, Iterable[str], Callable[[nn.Module], bool], None]
+_MODES = ("selective", "full", "none")
+
+
+def apply_ac(
+    model: nn.Module,
+    mode: str = "selective",
+    *,
+    policy: Any = None,
+    blocks: Blocks = None,
+    every: int = 1,
+    **checkpoint_kwargs: Any,
+) -> list[str]:
+    """Wrap blocks of ``model`` in place with ``sac2.checkpoint_wrapper``; return the names of the wrapped blocks.
+
+    - ``mode="selective"``: keep what ``policy`` saves (a policy callable or a list of ops; default
+      ``sac2.policies.llm()``), recompute the rest. ``"full"``: keep only each block's inputs. ``"none"``: no-op.
+    - ``blocks``: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
+      module names, or a predicate (the outermost modules it accepts). Default: ``model.layers`` if it is such a
+      container, else the one container of ``model`` with the most children, all of one class.
+    - ``every=k``: wrap only the k-th, 2k-th, ... block (torchtitan's ``selective_ac_option="k"`` is
+      ``mode="full", every=k``); the others run without checkpointing.
+    - ``checkpoint_kwargs`` go to ``sac2.checkpoint`` (``preserve_rng_state``, ``determinism_check``, ...).
+
+    Wrapped state dicts keep the unwrapped keys, so apply it before or after loading weights.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"sac2.apply_ac: mode={mode!r}; expected one of {_MODES}.")
+    if mode != "selective" and policy is not None:
+        raise ValueError(f"sac2.apply_ac: a policy only applies to mode='selective', not mode={mode!r}.")
+    if type(every) is not int or every < 1:
+        raise ValueError(f"sac2.apply_ac: every={every!r}; expected a positive int (1 wraps every block).")
+    if mode == "none":
+        return []
+    if mode == "selective":
+        context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
+        checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
+    wrapped = []
+    for i, (parent, attr, fqn) in enumerate(_find_blocks(model, blocks)):
+        if (i + 1) % every == 0:
+            setattr(parent, attr, checkpoint_wrapper(getattr(parent, attr), **checkpoint_kwargs))
+            wrapped.append(fqn)
+    return wrapped
+
+
+def _find_blocks(model: nn.Module, blocks: Blocks) -> list[tuple[nn.Module, str, str]]:
+    """(parent, attribute name, qualified name) of each block, in model order."""
+    names = {id(m): fqn for fqn, m in model.named_modules()}
+    if blocks is None:
+        blocks = _default_container(model)
+    if isinstance(blocks, (nn.ModuleList, nn.ModuleDict)):
+        if id(blocks) not in names:
+            raise ValueError("sac2.apply_ac: the blocks container given is not a submodule of the model.")
+        prefix = names[id(blocks)]
+        return [(blocks, attr, f"{prefix}.{attr}" if prefix else attr) for attr, _ in blocks.named_children()]
+    if isinstance(blocks, str):
+        raise TypeError(f"sac2.apply_ac: blocks={blocks!r} is one name; pass a list of names, e.g. [{blocks!r}].")
+    if callable(blocks):
+        found, inside = [], ()
+        for fqn, m in model.named_modules():
+            if fqn and not fqn.startswith(inside) and blocks(m):
+                found.append(fqn)
+                inside = tuple(f + "." for f in found)
+        if not found:
+            raise ValueError("sac2.apply_ac: the blocks predicate accepted no submodule of the model.")
+        blocks = found
+    result = []
+    for fqn in blocks:
+        parent_name, _, attr = fqn.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name)
+            getattr(parent, attr)
+        except AttributeError:
+            raise ValueError(f"sac2.apply_ac: the model has no submodule named {fqn!r}.") from None
+        result.append((parent, attr, fqn))
+    return result
+
+
+def _default_container(model: nn.Module) -> nn.Module:
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, (nn.ModuleList, nn.ModuleDict)):
+        return layers
+    candidates = [
+        (fqn, m)
+        for fqn, m in model.named_modules()
+        if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and len(m) and len({type(c) for c in m.children()}) == 1
+    ]
+    if not candidates:
+        raise ValueError(
+            "sac2.apply_ac: found no nn.ModuleList/ModuleDict of blocks in the model; pass blocks= (a container, "
+            "module names or a predicate)."
+        )
+    most = max(len(m) for _, m in candidates)
+    best = [(fqn, m) for fqn, m in candidates if len(m) == most]
+    if len(best) > 1:
+        raise ValueError(
+            f"sac2.apply_ac: several containers could hold the blocks: {[fqn for fqn, _ in best]}; pass blocks=."
+        )
+    return best[0][1]

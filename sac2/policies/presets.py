@@ -1,0 +1,271 @@
+"""The selective-checkpointing policies used in practice, as small pieces that compose.
+
+Each function returns a policy callable for ``sac2.create_selective_checkpoint_contexts``. A piece answers
+``MUST_*`` when it has a decision to make about an op and ``PREFER_RECOMPUTE`` when it has none, so
+``compose(a, b, c)`` reads as "ask a, then b, then c; the first MUST_* answer wins". torchtitan's "op" selective
+AC, for instance, is ``compose(recompute_linears(model, ["router.gate"]), every_other_matmul(), llm())``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+import weakref
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from sac2 import _compat
+from sac2.hops import Region
+from sac2.policy import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, op_name
+
+__all__ = ["llm_save_list", "llm", "every_other_matmul", "recompute_linears", "compose"]
+
+MUST_SAVE = CheckpointPolicy.MUST_SAVE
+MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
+PREFER_RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
+_MUST = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.MUST_CPU_OFFLOAD})
+
+# Expensive to recompute, cheap to keep: the products of linear layers and attention, and the reductions that
+# low-precision training reads back (``max`` for scaling factors, ``topk`` for MoE routing).
+_COMPUTE = (
+    "aten.mm.default",
+    "aten.addmm.default",
+    "aten.bmm.default",
+    "aten.linear.default",  # backends that register linear as a leaf op instead of decomposing it
+    "aten._scaled_mm.default",
+    "aten.max.default",
+    "aten.topk.default",
+    "aten._scaled_dot_product_flash_attention.default",
+    "aten._scaled_dot_product_flash_attention_for_cpu.default",
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_fused_attention_overrideable.default",
+    "aten._scaled_dot_product_attention_math.default",
+    "aten._scaled_dot_product_attention_math_for_mps.default",
+    "aten._flash_attention_forward.default",
+    "aten._efficient_attention_forward.default",
+    "aten._cudnn_attention_forward.default",
+    "torch_attn._varlen_attn.default",
+)
+# Re-running a collective in backward costs a network round trip and makes every rank wait on the slowest.
+_COMMUNICATION = tuple(
+    f"{ns}.{name}.default"
+    for ns in ("_c10d_functional", "_c10d_functional_autograd")
+    for name in (
+        "all_reduce",
+        "all_reduce_coalesced",
+        "all_gather_into_tensor",
+        "all_gather_into_tensor_coalesced",
+        "reduce_scatter_tensor",
+        "reduce_scatter_tensor_coalesced",
+        "all_to_all_single",
+    )
+)
+_MODULES_THAT_REGISTER_OPS = ("torch.nn.attention.varlen",)  # registers torch_attn._varlen_attn on import
+
+
+def _lookup(path: str) -> Any:
+    """``torch.ops.<path>``, or None when the running torch does not have it."""
+    obj: Any = torch.ops
+    for part in path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except (AttributeError, RuntimeError):
+            return None
+    return obj
+
+
+def llm_save_list() -> frozenset:
+    """The ops an LLM block keeps: matmuls, every attention kernel, max/topk and the functional collectives.
+
+    Also flex_attention and compiled regions (``inductor_compiled_code``). Ops the running torch lacks are
+    left out, so the same call works across torch versions and builds.
+    """
+    for name in _MODULES_THAT_REGISTER_OPS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    ops = {_lookup(path) for path in _COMPUTE + _COMMUNICATION}
+    ops.add(getattr(torch._higher_order_ops, "flex_attention", None))
+    ops.add(_compat.INDUCTOR_COMPILED_CODE)
+    ops.discard(None)
+    return frozenset(ops)
+
+
+class _LLM:
+    """MUST_SAVE for the ops of ``llm_save_list()``, every ``sac2.Region`` and device-to-host copies."""
+
+    __slots__ = ("ops",)
+
+    def __init__(self, ops: frozenset) -> None:
+        self.ops = ops
+
+    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op in self.ops or type(op) is Region or _is_device_to_host(op, args, kwargs):
+            return MUST_SAVE
+        return PREFER_RECOMPUTE
+
+    def __repr__(self) -> str:
+        return "sac2.policies.llm()"
+
+
+def _is_device_to_host(op: Any, args: tuple, kwargs: dict) -> bool:
+    # Recomputing an offload would copy to the host again in backward: exactly the transfer it was meant to pay once.
+    if op is not torch.ops.aten._to_copy.default or not args:
+        return False
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
+
+
+def llm() -> PolicyFn:
+    """The default policy for transformer blocks: save ``llm_save_list()``, regions and D2H copies; recompute the
+    cheap rest (norms, activations, residual adds, RoPE)."""
+    return _LLM(llm_save_list())
+
+
+_MATMULS = tuple(
+    op
+    for op in map(_lookup, ("aten.mm.default", "aten.addmm.default", "aten.linear.default", "aten._scaled_mm.default"))
+    if op is not None
+)
+
+
+class _EveryOtherMatmul:
+    """Counts the matmuls of each forward; keeps the 1st, 3rd, 5th..., recomputes the 2nd, 4th...
+
+    The count lives on the ``SelectiveCheckpointContext``, which sac2 creates once per forward of a checkpointed
+    block, so one policy object can serve every block and every step.
+    """
+
+    __slots__ = ("_counts", "__weakref__")
+
+    def __init__(self) -> None:
+        self._counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op not in _MATMULS:
+            return PREFER_RECOMPUTE
+        n = self._counts.get(ctx, 0) + 1
+        self._counts[ctx] = n
+        return MUST_SAVE if n % 2 else MUST_RECOMPUTE
+
+    def __repr__(self) -> str:
+        return "sac2.policies.every_other_matmul()"
+
+
+def every_other_matmul() -> PolicyFn:
+    """Save every other matmul (mm, addmm, linear, _scaled_mm) of each forward of a block, recompute the others.
+
+    Halves what the matmuls keep at the cost of recomputing half of them. Only counts with sac2's own modes,
+    which give the policy one context per forward (torch's stock modes make a new one per op).
+    """
+    return _EveryOtherMatmul()
+
+
+def _weight_shape(op: Any, args: tuple) -> tuple[int, ...] | None:
+    """The ``(out_features, in_features)`` shape of the weight a matmul multiplies by, as ``nn.Linear`` passes it."""
+    if op is torch.ops.aten.linear.default:
+        return tuple(args[1].shape)
+    rhs = args[2] if op is torch.ops.aten.addmm.default else args[1]
+    return tuple(rhs.shape)[::-1] if rhs.dim() == 2 else None
+
+
+class _RecomputeLinears:
+    __slots__ = ("shapes",)
+
+    def __init__(self, shapes: frozenset) -> None:
+        self.shapes = shapes
+
+    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op in _MATMULS and _weight_shape(op, args) in self.shapes:
+            return MUST_RECOMPUTE
+        return PREFER_RECOMPUTE
+
+    def __repr__(self) -> str:
+        return f"sac2.policies.recompute_linears(shapes={sorted(self.shapes)})"
+
+
+def _matches(fqn: str, name: str) -> bool:
+    return fqn == name or fqn.endswith("." + name)
+
+
+def recompute_linears(model: nn.Module, names: Iterable[str]) -> PolicyFn:
+    """Always recompute the matmuls of the ``nn.Linear`` modules of ``model`` named by ``names``.
+
+    A name matches a module whose qualified name is the name or ends with ``"." + name`` (``"router.gate"``
+    matches ``layers.3.moe.router.gate``). Matmuls are recognised by the weight's shape, which is what a dispatch
+    mode can see: another Linear of the same shape is recomputed too, and a warning names it. Use it for small,
+    cheap matmuls whose outputs are large or that run with dynamic shapes, such as an MoE router.
+    """
+    names = list(names)
+    shapes: set[tuple[int, int]] = set()
+    chosen: set[str] = set()
+    for name in names:
+        found = [(fqn, m) for fqn, m in model.named_modules() if _matches(fqn, name)]
+        if not found:
+            raise ValueError(f"sac2.policies.recompute_linears: no module of the model is named {name!r}.")
+        for fqn, m in found:
+            if not isinstance(m, nn.Linear):
+                raise ValueError(
+                    f"sac2.policies.recompute_linears: {fqn!r} (matched by {name!r}) is a {type(m).__name__}, "
+                    f"not an nn.Linear; name the Linear inside it."
+                )
+            shapes.add(tuple(m.weight.shape))
+            chosen.add(fqn)
+    twins = [
+        fqn
+        for fqn, m in model.named_modules()
+        if isinstance(m, nn.Linear) and fqn not in chosen and tuple(m.weight.shape) in shapes
+    ]
+    if twins:
+        warnings.warn(
+            f"sac2.policies.recompute_linears: {twins} have the same weight shape as {sorted(chosen)}, so their "
+            f"matmuls are recomputed too (a dispatch mode recognises a matmul by its shapes).",
+            stacklevel=2,
+        )
+    return _RecomputeLinears(frozenset(shapes))
+
+
+class _Compose:
+    __slots__ = ("policies",)
+
+    def __init__(self, policies: tuple) -> None:
+        self.policies = policies
+
+    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        first = None
+        for policy in self.policies:
+            answer = policy(ctx, op, *args, **kwargs)
+            if type(answer) is bool:
+                answer = MUST_SAVE if answer else PREFER_RECOMPUTE
+            elif type(answer) is not CheckpointPolicy:
+                raise TypeError(
+                    f"sac2.policies.compose: {policy!r} returned {answer!r} for {op_name(op)}; a policy must "
+                    f"return a CheckpointPolicy member or a bool (True saves)."
+                )
+            if answer in _MUST:
+                return answer
+            if first is None:
+                first = answer
+        return first
+
+    def __repr__(self) -> str:
+        return f"sac2.policies.compose({', '.join(map(repr, self.policies))})"
+
+
+def compose(*policies: PolicyFn) -> PolicyFn:
+    """Ask ``policies`` in order: the first MUST_* answer wins and later policies are not asked about that op;
+    with no MUST_* answer, the first policy's PREFER_* answer stands.
+
+    Bool answers count as in sac2 (True is MUST_SAVE, False PREFER_RECOMPUTE). Stateful pieces such as
+    ``every_other_matmul`` only see the ops no earlier policy decided, so put forced decisions first.
+    """
+    if not policies:
+        raise ValueError("sac2.policies.compose: give at least one policy.")
+    for p in policies:
+        if not callable(p):
+            raise TypeError(f"sac2.policies.compose: {p!r} is not a policy callable.")
+    return _Compose(policies)

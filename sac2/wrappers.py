@@ -1,0 +1,258 @@
+"""Module-level checkpointing: torch's ``checkpoint_wrapper`` API on sac2's checkpoint, and a composable form.
+
+``checkpoint_wrapper``, ``CheckpointWrapper``, ``offload_wrapper`` and ``apply_activation_checkpointing`` take the
+arguments of their namesakes in ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper`` and produce
+modules with the same state-dict keys, so checkpoints move freely between wrapped and unwrapped models and between
+torch's wrapper and sac2's. ``checkpoint_module`` checkpoints a module in place without a wrapper, keeping every
+qualified name as it was.
+
+``CheckpointImpl`` is torch's enum. ``NO_REENTRANT`` (the default) is ``sac2.checkpoint``: selective policies via
+``context_fn``. ``REENTRANT`` runs torch's reentrant checkpoint, which recomputes the whole module and cannot
+apply a policy, so a ``context_fn`` with it is rejected when the wrapper is built.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from sac2 import _compat
+from sac2.checkpoint import checkpoint
+
+__all__ = [
+    "CheckpointImpl",
+    "CheckpointWrapper",
+    "OffloadWrapper",
+    "checkpoint_wrapper",
+    "offload_wrapper",
+    "apply_activation_checkpointing",
+    "checkpoint_module",
+]
+
+CheckpointImpl = _compat.CheckpointImpl
+_WRAPPED = "_checkpoint_wrapped_module"
+_PREFIX = _WRAPPED + "."
+
+
+class _ActivationWrapper(nn.Module):
+    """Holds the module as ``_checkpoint_wrapped_module`` and hides that name from state dicts and parameter names."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self._checkpoint_wrapped_module = module
+        self._register_state_dict_hook(_strip_prefix)
+        self.register_load_state_dict_pre_hook(_add_prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._checkpoint_wrapped_module, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._checkpoint_wrapped_module[key]
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        """Parameter names as the unwrapped model has them (every ``_checkpoint_wrapped_module.`` removed)."""
+        for name, param in super().named_parameters(*args, **kwargs):
+            yield name.replace(_PREFIX, ""), param
+
+
+def _strip_prefix(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+    _replace_prefix(state_dict, prefix + _PREFIX, prefix)
+
+
+def _add_prefix(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    _replace_prefix(state_dict, prefix, prefix + _PREFIX)
+
+
+def _replace_prefix(state_dict: dict[str, Any], old: str, new: str) -> None:
+    """Rename the keys under ``old`` to live under ``new``, in place and keeping the order of the keys."""
+    items = list(state_dict.items())
+    state_dict.clear()
+    for key, value in items:
+        state_dict[new + key[len(old) :] if key.startswith(old) else key] = value
+
+
+class CheckpointWrapper(_ActivationWrapper):
+    """Runs the wrapped module under ``sac2.checkpoint`` (or ``checkpoint_fn``) with ``checkpoint_fn_kwargs``.
+
+    Build it with ``checkpoint_wrapper``. Keyword arguments of the module's forward work with every
+    ``checkpoint_impl``.
+    """
+
+    def __init__(
+        self,
+        mod: nn.Module,
+        checkpoint_impl: CheckpointImpl = CheckpointImpl.NO_REENTRANT,
+        checkpoint_fn: Callable[..., Any] | None = None,
+        **checkpoint_fn_kwargs: Any,
+    ) -> None:
+        super().__init__(mod)
+        self.checkpoint_impl = checkpoint_impl
+        reentrant = checkpoint_fn is None and checkpoint_impl == CheckpointImpl.REENTRANT
+        if reentrant and "context_fn" in checkpoint_fn_kwargs:
+            raise ValueError(
+                "sac2.checkpoint_wrapper: CheckpointImpl.REENTRANT recomputes the whole module and cannot apply "
+                "a selective policy (context_fn); use CheckpointImpl.NO_REENTRANT, the default."
+            )
+        if checkpoint_fn is None:
+            checkpoint_fn = functools.partial(checkpoint, use_reentrant=reentrant)
+        self.checkpoint_fn = functools.partial(checkpoint_fn, **checkpoint_fn_kwargs)
+        self._reentrant = reentrant
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._reentrant and kwargs:
+            # Reentrant checkpoint passes only positional arguments through autograd.Function.
+            names = tuple(kwargs)
+            module = self._checkpoint_wrapped_module
+
+            def run(*flat: Any) -> Any:
+                n = len(flat) - len(names)
+                return module(*flat[:n], **dict(zip(names, flat[n:])))
+
+            return self.checkpoint_fn(run, *args, *kwargs.values())
+        return self.checkpoint_fn(self._checkpoint_wrapped_module, *args, **kwargs)
+
+
+class OffloadWrapper(_ActivationWrapper):
+    """Keeps the wrapped module's activations in pinned CPU memory between forward and backward."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return self._checkpoint_wrapped_module(*args, **kwargs)
+
+
+_compat.register_activation_wrapper(CheckpointWrapper)
+_compat.register_activation_wrapper(OffloadWrapper)
+
+
+def checkpoint_wrapper(
+    module: nn.Module,
+    checkpoint_impl: CheckpointImpl = CheckpointImpl.NO_REENTRANT,
+    checkpoint_fn: Callable[..., Any] | None = None,
+    **checkpoint_fn_kwargs: Any,
+) -> nn.Module:
+    """Wrap ``module`` so each call runs under ``sac2.checkpoint(module, *args, **checkpoint_fn_kwargs)``.
+
+    ``checkpoint_fn_kwargs`` are those of ``sac2.checkpoint``: ``context_fn`` for a selective policy,
+    ``preserve_rng_state``, ``determinism_check``, ``debug``, ``early_stop``. A ``checkpoint_fn`` replaces
+    ``sac2.checkpoint`` (and ``checkpoint_impl`` is then ignored), as in torch.
+    """
+    return CheckpointWrapper(module, checkpoint_impl, checkpoint_fn, **checkpoint_fn_kwargs)
+
+
+def offload_wrapper(module: nn.Module) -> nn.Module:
+    """Wrap ``module`` so its activations are offloaded to pinned CPU memory (torch's ``save_on_cpu``)."""
+    return OffloadWrapper(module)
+
+
+def apply_activation_checkpointing(
+    model: nn.Module,
+    checkpoint_wrapper_fn: Callable[[nn.Module], nn.Module] = checkpoint_wrapper,
+    check_fn: Callable[[nn.Module], bool] = lambda _: True,
+    auto_wrap_policy: Any = None,
+) -> None:
+    """Replace, in place, each submodule of ``model`` that ``check_fn`` selects by ``checkpoint_wrapper_fn(it)``.
+
+    Children are wrapped before their parents; the root is never wrapped (wrap it yourself). An
+    ``auto_wrap_policy`` from ``torch.distributed.fsdp.wrap`` (``ModuleWrapPolicy``, ``CustomPolicy``, a
+    ``functools.partial`` of ``lambda_auto_wrap_policy`` or ``size_based_auto_wrap_policy``) replaces ``check_fn``.
+    """
+    if auto_wrap_policy is None:
+        _post_order_wrap(model, check_fn, checkpoint_wrapper_fn)
+    elif callable(auto_wrap_policy):
+        _auto_wrap(model, auto_wrap_policy, checkpoint_wrapper_fn)
+    else:
+        targets = _compat.wrap_policy_targets(auto_wrap_policy, model)
+        _post_order_wrap(model, lambda m: m in targets, lambda m: checkpoint_wrapper_fn(m, **targets[m]))
+
+
+def _post_order_wrap(
+    root: nn.Module, select: Callable[[nn.Module], bool], wrapper_fn: Callable[[nn.Module], nn.Module]
+) -> None:
+    """Visit each module below ``root`` once, children first; replace it in its parent by ``wrapper_fn(it)``."""
+    seen = {root}
+
+    def visit(module: nn.Module) -> None:
+        for name, child in list(module.named_children()):
+            if child in seen:
+                continue
+            seen.add(child)
+            visit(child)
+            if select(child):
+                setattr(module, name, wrapper_fn(child))
+
+    visit(root)
+
+
+def _auto_wrap(root: nn.Module, policy: Callable[..., bool], wrapper_fn: Callable[[nn.Module], nn.Module]) -> None:
+    """FSDP's auto-wrap protocol: ``policy(module=, recurse=True, nonwrapped_numel=)`` says whether to look inside
+    a module, ``recurse=False`` whether to wrap it, given the parameter elements not inside a wrapped child."""
+
+    def numel(module: nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    def visit(module: nn.Module, total: int) -> int | None:
+        """Wrap below ``module``; the parameter elements now inside wrappers, or None if not looked into."""
+        if not policy(module=module, recurse=True, nonwrapped_numel=total):
+            return None
+        wrapped = 0
+        for name, child in list(module.named_children()):
+            child_total = numel(child)
+            inside = visit(child, child_total)
+            if inside is None:
+                continue
+            if policy(module=child, recurse=False, nonwrapped_numel=child_total - inside):
+                setattr(module, name, wrapper_fn(child))
+                inside = child_total
+            wrapped += inside
+        return wrapped
+
+    visit(root, numel(root))
+
+
+_checkpointed_classes: dict[type, type] = {}
+
+
+def _checkpointed_class(cls: type) -> type:
+    """The subclass of ``cls`` whose forward runs the original one under ``sac2.checkpoint``."""
+    new = _checkpointed_classes.get(cls)
+    if new is None:
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return checkpoint(super(new, self).forward, *args, **self._sac2_checkpoint_kwargs, **kwargs)
+
+        new = type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "__module__": cls.__module__})
+        new.__qualname__ = f"Checkpointed{cls.__qualname__}"
+        _checkpointed_classes[cls] = new
+    return new
+
+
+def checkpoint_module(
+    module: nn.Module,
+    *,
+    context_fn: Callable[[], tuple[Any, Any]] = _compat.noop_context_fn,
+    **checkpoint_kwargs: Any,
+) -> nn.Module:
+    """Checkpoint every call of ``module`` in place: no wrapper, so parameter names and state-dict keys stay as
+    they were. Returns ``module``.
+
+    The module's class becomes a subclass of its class (``Checkpointed<Name>``, still an instance of the original)
+    whose forward runs the original forward under ``sac2.checkpoint(..., context_fn=context_fn,
+    **checkpoint_kwargs)``. Forward hooks of the module itself run once, outside the checkpoint; hooks of its
+    submodules run again in recompute. ``fully_shard`` and ``torch.compile`` work on the result.
+    """
+    if getattr(module, "_sac2_checkpoint_kwargs", None) is not None:
+        raise ValueError(f"sac2.checkpoint_module: this {type(module).__name__} is already checkpointed.")
+    if checkpoint_kwargs.get("use_reentrant"):
+        raise ValueError(
+            "sac2.checkpoint_module: use_reentrant=True is not supported; the in-place form runs sac2's "
+            "non-reentrant checkpoint."
+        )
+    module._sac2_checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
+    module.__class__ = _checkpointed_class(type(module))
+    return module

@@ -1,0 +1,261 @@
+"""sac2's module wrappers behave like torch's checkpoint_wrapper family, on sac2's checkpoint."""
+
+import copy
+import functools
+
+import pytest
+import torch
+from expecttest import TestCase
+from torch import nn
+from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_cw
+from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy, size_based_auto_wrap_policy
+
+import sac2
+
+
+class Block(nn.Module):
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return x + scale * self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Model(nn.Module):
+    def __init__(self, n: int = 3, d: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).sum()
+
+
+def _model(seed: int = 0) -> Model:
+    torch.manual_seed(seed)
+    return Model()
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))
+
+
+def _wrapped_names(model: nn.Module, cls: type) -> list[str]:
+    return [fqn for fqn, m in model.named_modules() if isinstance(m, cls)]
+
+
+def _losses(model: nn.Module, steps: int = 3) -> list[torch.Tensor]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        loss = model(_x())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses
+
+
+def _count_calls(module: nn.Module) -> list[int]:
+    calls = [0]
+    module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+class TestCheckpointWrapper(TestCase):
+    def test_state_dict_keys_are_those_of_the_unwrapped_model_and_of_torchs_wrapper(self):
+        ours, theirs, plain = _model(), _model(), _model()
+        sac2.apply_activation_checkpointing(ours, check_fn=lambda m: isinstance(m, Block))
+        torch_cw.apply_activation_checkpointing(theirs, check_fn=lambda m: isinstance(m, Block))
+        self.assertEqual(list(ours.state_dict()), list(theirs.state_dict()))
+        self.assertEqual(list(ours.state_dict()), list(plain.state_dict()))
+
+    def test_unwrapped_state_dict_loads_into_wrapped_model_and_back(self):
+        plain, wrapped = _model(seed=0), _model(seed=1)
+        sac2.apply_activation_checkpointing(wrapped, check_fn=lambda m: isinstance(m, Block))
+        wrapped.load_state_dict(plain.state_dict())
+        for (_, a), (_, b) in zip(plain.state_dict().items(), wrapped.state_dict().items()):
+            self.assertTrue(torch.equal(a, b))
+        other = _model(seed=2)
+        other.load_state_dict(wrapped.state_dict())
+        self.assertTrue(torch.equal(other.head.weight, plain.head.weight))
+
+    def test_named_parameters_match_torchs_wrapper(self):
+        ours, theirs = _model(), _model()
+        sac2.apply_activation_checkpointing(ours, check_fn=lambda m: isinstance(m, Block))
+        torch_cw.apply_activation_checkpointing(theirs, check_fn=lambda m: isinstance(m, Block))
+        self.assertEqual([n for n, _ in ours.named_parameters()], [n for n, _ in theirs.named_parameters()])
+        # The wrapper's own names are the wrapped module's; a parent's names show the wrapper, as in torch.
+        self.assertEqual(
+            [n for n, _ in ours.layers[0].named_parameters()], [n for n, _ in Block().named_parameters()]
+        )
+
+    def test_three_adamw_steps_give_the_losses_of_the_unwrapped_model(self):
+        policy = functools.partial(sac2.create_selective_checkpoint_contexts, [torch.ops.aten.addmm.default])
+        for kwargs in ({}, {"context_fn": policy}):
+            model = _model()
+            for i, block in enumerate(model.layers):
+                model.layers[i] = sac2.checkpoint_wrapper(block, **kwargs)
+            torch.testing.assert_close(_losses(model), _losses(_model()), atol=0, rtol=0)
+
+    def test_wrapped_module_recomputes_in_backward(self):
+        model = _model()
+        calls = _count_calls(model.layers[0].up)
+        model.layers[0] = sac2.checkpoint_wrapper(model.layers[0])
+        model(_x()).backward()
+        self.assertEqual(calls[0], 2)
+
+    def test_context_fn_runs_sac2_policy(self):
+        seen = []
+
+        def policy(ctx, op, *args, **kwargs):
+            seen.append(op)
+            return sac2.CheckpointPolicy.PREFER_RECOMPUTE
+
+        block = sac2.checkpoint_wrapper(
+            Block(), context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, policy)
+        )
+        block(_x().requires_grad_()).sum().backward()
+        self.assertIn(torch.ops.aten.addmm.default, seen)
+
+    def test_forward_keyword_arguments_reach_the_module_for_both_impls(self):
+        for impl in sac2.CheckpointImpl:
+            block = Block()
+            x = _x().requires_grad_()
+            expected = block(x, scale=0.5)
+            out = sac2.checkpoint_wrapper(block, checkpoint_impl=impl)(x, scale=0.5)
+            self.assertTrue(torch.equal(out, expected))
+            out.sum().backward()
+
+    def test_reentrant_impl_rejects_a_selective_policy(self):
+        with self.assertRaisesRegex(ValueError, "REENTRANT recomputes the whole module"):
+            sac2.checkpoint_wrapper(
+                Block(), sac2.CheckpointImpl.REENTRANT, context_fn=lambda: (None, None)
+            )
+
+    def test_checkpoint_impl_is_torchs_enum(self):
+        self.assertIs(sac2.CheckpointImpl, torch_cw.CheckpointImpl)
+
+    def test_torch_code_sees_sac2_wrappers_as_activation_wrappers(self):
+        self.assertIsInstance(sac2.checkpoint_wrapper(Block()), torch_cw.ActivationWrapper)
+
+    def test_attribute_access_and_indexing_reach_the_wrapped_module(self):
+        seq = sac2.checkpoint_wrapper(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+        self.assertIsInstance(seq[1], nn.ReLU)
+        self.assertEqual(sac2.checkpoint_wrapper(Block()).up.out_features, 16)
+
+    def test_offload_wrapper_gives_the_gradients_of_torchs_offload_wrapper(self):
+        grads = []
+        for wrap in (sac2.offload_wrapper, torch_cw.offload_wrapper):
+            torch.manual_seed(0)
+            block = Block()
+            wrap(block)(_x().requires_grad_()).sum().backward()
+            grads.append([p.grad for p in block.parameters()])
+        for ours, theirs in zip(*grads):
+            self.assertTrue(torch.equal(ours, theirs))
+
+
+class TestApplyActivationCheckpointing(TestCase):
+    def _compare(self, **kwargs):
+        ours, theirs = _model(), _model()
+        sac2.apply_activation_checkpointing(ours, **kwargs)
+        torch_cw.apply_activation_checkpointing(theirs, **kwargs)
+        names = _wrapped_names(ours, sac2.CheckpointWrapper)
+        self.assertEqual(names, _wrapped_names(theirs, torch_cw.CheckpointWrapper))
+        return names
+
+    def test_wraps_exactly_the_modules_check_fn_selects(self):
+        names = self._compare(check_fn=lambda m: isinstance(m, nn.Linear))
+        self.assertExpectedInline(
+            str(names),
+            """['layers.0.up', 'layers.0.down', 'layers.1.up', 'layers.1.down', 'layers.2.up', 'layers.2.down', 'head']""",
+        )
+
+    def test_wraps_nested_selections_children_first_and_never_the_root(self):
+        names = self._compare(check_fn=lambda m: isinstance(m, (Model, Block, nn.LayerNorm)))
+        self.assertExpectedInline(
+            str(names),
+            """['layers.0', 'layers.0._checkpoint_wrapped_module.norm', 'layers.1', 'layers.1._checkpoint_wrapped_module.norm', 'layers.2', 'layers.2._checkpoint_wrapped_module.norm']""",
+        )
+
+    def test_fsdp_auto_wrap_policies_select_what_they_select_in_torch(self):
+        for policy in (
+            ModuleWrapPolicy({Block}),
+            CustomPolicy(lambda m: isinstance(m, nn.LayerNorm)),
+            functools.partial(size_based_auto_wrap_policy, min_num_params=100),
+        ):
+            with self.subTest(policy=policy):
+                self.assertTrue(self._compare(auto_wrap_policy=policy))
+
+
+class TestCheckpointModule(TestCase):
+    def test_keeps_qualified_names_and_state_dict(self):
+        model = _model()
+        keys, names = list(model.state_dict()), [n for n, _ in model.named_modules()]
+        for block in model.layers:
+            sac2.checkpoint_module(block)
+        self.assertEqual(list(model.state_dict()), keys)
+        self.assertEqual([n for n, _ in model.named_modules()], names)
+        self.assertIsInstance(model.layers[0], Block)
+
+    def test_recomputes_in_backward_and_matches_unwrapped_losses(self):
+        model = _model()
+        calls = _count_calls(model.layers[0].up)
+        sac2.checkpoint_module(model.layers[0])
+        model(_x()).backward()
+        self.assertEqual(calls[0], 2)
+        model = _model()
+        for block in model.layers:
+            sac2.checkpoint_module(block, context_fn=functools.partial(
+                sac2.create_selective_checkpoint_contexts, [torch.ops.aten.addmm.default]))
+        torch.testing.assert_close(_losses(model), _losses(_model()), atol=0, rtol=0)
+
+    def test_selective_policy_saves_what_it_names(self):
+        block = Block()
+        calls = _count_calls(block.up)
+        sac2.checkpoint_module(block, context_fn=functools.partial(
+            sac2.create_selective_checkpoint_contexts, [torch.ops.aten.addmm.default]))
+        block(_x().requires_grad_()).sum().backward()
+        self.assertEqual(calls[0], 2)  # the Linear module runs again; its addmm is served from the record
+
+    def test_checkpointing_twice_is_an_error(self):
+        block = sac2.checkpoint_module(Block())
+        with self.assertRaisesRegex(ValueError, "already checkpointed"):
+            sac2.checkpoint_module(block)
+
+    def test_deepcopy_keeps_it_checkpointed(self):
+        block = copy.deepcopy(sac2.checkpoint_module(Block()))
+        calls = _count_calls(block.up)
+        block(_x().requires_grad_()).sum().backward()
+        self.assertEqual(calls[0], 2)
+
+
+@pytest.mark.parametrize("form", ["wrapper", "composable"])
+def test_torch_compile_of_a_checkpointed_model_matches_eager(form):
+    llm, asked = sac2.policies.llm(), []
+
+    def policy(ctx, op, *args, **kwargs):
+        asked.append(op)
+        return llm(ctx, op, *args, **kwargs)
+
+    context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, policy)
+    model = _model()
+    for i, block in enumerate(model.layers):
+        if form == "wrapper":
+            model.layers[i] = sac2.checkpoint_wrapper(block, context_fn=context_fn)
+        else:
+            sac2.checkpoint_module(block, context_fn=context_fn)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    torch.compile(model, backend="aot_eager", fullgraph=True)(_x()).backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert torch.ops.aten.addmm.default in asked  # the policy tagged the traced graph
+    eager(_x()).backward()
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
