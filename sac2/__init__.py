@@ -6,6 +6,8 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 from sac2.checkpoint import checkpoint, create_selective_checkpoint_contexts
 from sac2.hops import Region, region_of
 from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext
+from sac2.explain import Report, explain, plot_budgets
+from sac2.profile import activation_memory
 from sac2 import policies
 from sac2.apply import apply_ac
 from sac2.wrappers import (
