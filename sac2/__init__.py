@@ -34,6 +34,10 @@ __all__ = [
     "checkpoint_module",
     "checkpoint_wrapper",
     "offload_wrapper",
+    "explain",
+    "Report",
+    "plot_budgets",
+    "activation_memory",
 ]
 
 __version__ = "0.1.0"
