@@ -108,6 +108,27 @@ def _expand(args: tuple, kwargs: dict, paths: tuple[Path, ...]) -> list[tuple[Pa
     return out
 
 
+def _tensor_paths(args: tuple, kwargs: dict) -> list[tuple[Path, torch.Tensor]]:
+    """Every tensor in ``(args, kwargs)``, nested lists, tuples and dicts included, with its ``locate`` path."""
+    out: list[tuple[Path, torch.Tensor]] = []
+
+    def walk(path: Path, obj: Any) -> None:
+        if isinstance(obj, torch.Tensor):
+            out.append((path, obj))
+        elif isinstance(obj, (list, tuple)):
+            for i, x in enumerate(obj):
+                walk(path + (i,), x)
+        elif isinstance(obj, dict):
+            for k, x in obj.items():
+                walk(path + (k,), x)
+
+    for i, a in enumerate(args):
+        walk(("a", i), a)
+    for k, v in kwargs.items():
+        walk(("k", k), v)
+    return out
+
+
 def tensor_versions(args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
     """Every tensor argument of a HOP call with its version, to see afterwards which ones the HOP wrote."""
     return [(t, t._version) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
@@ -130,8 +151,9 @@ def writes_of(
         return []
     changed = {id(t) for t, v in before if t._version != v}
     if changed:
-        flat = [(("a", i), a) for i, a in enumerate(args)] + [(("k", k), v) for k, v in kwargs.items()]
-        return [(p, t) for p, t in flat if isinstance(t, torch.Tensor) and id(t) in changed]
+        written = [(p, t) for p, t in _tensor_paths(args, kwargs) if id(t) in changed]
+        # A written tensor inside a container sac2 cannot index (a custom pytree node) cannot be written back.
+        return written if {id(t) for _, t in written} == changed else None
     if out is None and before:
         return None  # returns nothing yet takes tensors: it can only have written somewhere we cannot see
     return []

@@ -1,0 +1,168 @@
+"""Saving an op that writes into its arguments keeps what it wrote, and replay writes it into the replayed buffers.
+
+Covers aten in-place and ``out=`` ops, custom ops with ``mutates_args`` and HOPs that write into (nested)
+arguments. Where a saved write cannot be served safely (modified again later, or invisible to sac2) the op is
+recomputed with one warning naming it. In every case gradients are bit-for-bit those of the un-checkpointed run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+from expecttest import TestCase
+from torch._C import DispatchKey
+from torch._ops import HigherOrderOperator
+
+import sac2
+from sac2.modes import Saved
+
+aten = torch.ops.aten
+
+
+def _x(n: int = 32) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+
+def checkpoint_and_compare(fn: Callable[[torch.Tensor], torch.Tensor], policy: Any) -> tuple[list[Any], list[str]]:
+    """Checkpoint ``fn`` under ``policy``; assert output and gradient are bit-equal to the plain run.
+
+    Returns the keys of the ops that stayed saved and the warnings raised."""
+    x = _x()
+    expected = fn(x)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
+    caching, replay = sac2.create_selective_checkpoint_contexts(policy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = sac2.checkpoint(fn, x, context_fn=lambda: (caching, replay))
+        (grad,) = torch.autograd.grad(out.sum(), x)
+    assert torch.equal(out, expected)
+    assert torch.equal(grad, expected_grad)
+    saved = [e.key for e in caching.record.log if type(e) is Saved]
+    return saved, [str(w.message) for w in caught if str(w.message).startswith("sac2")]
+
+
+def inplace_chain(x):
+    a = x * 2
+    a.add_(1)
+    b = a.sin()
+    b.mul_(3)
+    return b.exp()
+
+
+def test_saved_inplace_ops_write_into_replayed_buffers():
+    saved, warned = checkpoint_and_compare(inplace_chain, [aten.add_.Tensor, aten.mul_.Tensor])
+    assert saved == [aten.add_.Tensor, aten.mul_.Tensor]
+    assert warned == []
+
+
+def test_save_all_with_inplace_ops_keeps_the_inplace_writes():
+    saved, _ = checkpoint_and_compare(inplace_chain, lambda ctx, op, *args, **kwargs: True)
+    assert aten.add_.Tensor in saved and aten.mul_.Tensor in saved
+
+
+class OutExp(torch.autograd.Function):
+    """exp through ``torch.exp(..., out=buffer)`` into an ``empty_like`` buffer; backward needs the buffer."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.empty_like(x)
+        torch.exp(x, out=out)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.saved_tensors[0]
+
+
+def test_saved_out_variant_writes_into_replayed_buffer():
+    saved, _ = checkpoint_and_compare(lambda x: OutExp.apply(x.cos()) * x, [aten.exp.out])
+    assert saved == [aten.exp.out]
+
+
+@torch.library.custom_op("test_mutation::exp_into", mutates_args=("out",))
+def exp_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(x.exp())
+
+
+class CustomExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.empty_like(x)
+        exp_into(x, out)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.saved_tensors[0]
+
+
+def test_saved_custom_op_with_mutates_args_writes_into_replayed_buffer():
+    op = torch.ops.test_mutation.exp_into.default
+    saved, _ = checkpoint_and_compare(lambda x: CustomExp.apply(x.cos()) * x, [op])
+    assert saved == [op]
+
+
+class WriteExp(HigherOrderOperator):
+    """A user HOP writing ``exp(x)`` into ``buffers[0]``, visibly (a tensor op) or not (through ``.data``)."""
+
+    def __init__(self) -> None:
+        super().__init__("test_mutation_write_exp")
+
+    def __call__(self, buffers, x, visible):
+        return super().__call__(buffers, x, visible)
+
+
+write_exp = WriteExp()
+write_exp.fallthrough(DispatchKey.AutogradCPU)  # no autograd of its own: HopExp below gives the backward
+
+
+@write_exp.py_impl(DispatchKey.CompositeExplicitAutograd)
+def _write_exp_dense(buffers, x, visible):
+    (buffers[0] if visible else buffers[0].data).copy_(x.exp())
+
+
+class HopExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, visible):
+        out = torch.empty_like(x)
+        write_exp([out], x, visible)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.saved_tensors[0], None
+
+
+def test_saved_hop_writing_into_nested_argument_writes_into_replayed_buffer():
+    saved, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), True) * x, [write_exp])
+    assert saved == [write_exp]
+    assert warned == []
+
+
+class WarningsTest(TestCase):
+    def test_saved_inplace_op_modified_again_later_is_recomputed_with_one_warning(self):
+        def fn(x):
+            a = x * 2
+            a.add_(1)
+            a.mul_(3)
+            return a.exp()
+
+        saved, warned = checkpoint_and_compare(fn, [aten.add_.Tensor])
+        self.assertEqual(saved, [])
+        self.assertExpectedInline(
+            "\n".join(warned),
+            """sac2: the policy saves aten.add_.Tensor (call 0 of that op, op 1 of the region), but a tensor it wrote was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""",
+        )
+
+    def test_saved_hop_writing_invisibly_is_recomputed_with_one_warning(self):
+        saved, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), False) * x, [write_exp])
+        self.assertEqual(saved, [])
+        self.assertExpectedInline(
+            "\n".join(warned),
+            """sac2: the policy saves test_mutation_write_exp, which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see; it is recomputed in backward instead of saved.""",
+        )
