@@ -259,3 +259,45 @@ def test_torch_compile_of_a_checkpointed_model_matches_eager(form):
     eager(_x()).backward()
     for (name, p), q in zip(model.named_parameters(), eager.parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
+class TestApplyAC(TestCase):
+    def test_wraps_each_block_of_model_layers_by_default(self):
+        model = _model()
+        self.assertEqual(sac2.apply_ac(model), ["layers.0", "layers.1", "layers.2"])
+        self.assertEqual(_wrapped_names(model, sac2.CheckpointWrapper), ["layers.0", "layers.1", "layers.2"])
+
+    def test_selective_and_full_train_like_the_unwrapped_model(self):
+        for mode in ("selective", "full"):
+            model = _model()
+            sac2.apply_ac(model, mode)
+            torch.testing.assert_close(_losses(model), _losses(_model()), atol=0, rtol=0)
+
+    def test_every_kth_block_as_torchtitan_counts_them(self):
+        model = nn.Sequential(*(Block() for _ in range(5)))
+        self.assertEqual(sac2.apply_ac(model, "full", blocks=[str(i) for i in range(5)], every=2), ["1", "3"])
+
+    def test_blocks_given_as_container_names_or_predicate(self):
+        self.assertEqual(sac2.apply_ac(m := _model(), blocks=m.layers), ["layers.0", "layers.1", "layers.2"])
+        self.assertEqual(sac2.apply_ac(_model(), blocks=["head", "layers.1.up"]), ["head", "layers.1.up"])
+        wrapped = sac2.apply_ac(_model(), blocks=lambda m: isinstance(m, (Block, nn.Linear)))
+        self.assertEqual(wrapped, ["layers.0", "layers.1", "layers.2", "head"])  # outermost matches only
+
+    def test_finds_the_one_container_of_blocks_without_a_layers_attribute(self):
+        model = nn.Module()
+        model.blocks, model.extra = nn.ModuleList(Block() for _ in range(3)), nn.ModuleList([nn.ReLU()])
+        self.assertEqual(sac2.apply_ac(model), ["blocks.0", "blocks.1", "blocks.2"])
+        model.more = nn.ModuleList(Block() for _ in range(3))
+        with self.assertRaisesRegex(ValueError, r"several containers could hold the blocks: \['blocks', 'more'\]"):
+            sac2.apply_ac(model)
+
+    def test_none_changes_nothing_and_bad_arguments_are_errors(self):
+        model = _model()
+        self.assertEqual(sac2.apply_ac(model, "none"), [])
+        self.assertEqual(_wrapped_names(model, sac2.CheckpointWrapper), [])
+        with self.assertRaisesRegex(ValueError, "mode='op'"):
+            sac2.apply_ac(model, "op")
+        with self.assertRaisesRegex(ValueError, "a policy only applies to mode='selective'"):
+            sac2.apply_ac(model, "full", policy=sac2.policies.llm())
+        with self.assertRaisesRegex(ValueError, "no submodule named 'layers.9'"):
+            sac2.apply_ac(model, blocks=["layers.9"])

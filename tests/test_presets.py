@@ -1,0 +1,235 @@
+"""Each policy preset, run on a tiny block: which calls it saves, pinned as "op -> decision" lines."""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+from torch import nn
+
+import sac2
+from sac2 import policies
+from sac2.policy import op_name
+
+
+class Attention(nn.Module):
+    """A tiny attention + MLP block with an MoE-style router gate."""
+
+    def __init__(self, d: int = 8) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d, bias=False)
+        self.gate = nn.Linear(d, 4, bias=False)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, -1)).transpose(1, 3).unbind(2)
+        x = x + self.out(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+        weights, _ = torch.topk(self.gate(x).softmax(-1), 2)
+        h = self.down(F.silu(self.up(x))) * weights.sum(-1, keepdim=True)
+        return x + h / h.abs().max()
+
+
+def _matmuls_and_saves(log: list[str]) -> str:
+    """The lines of the log worth reading: every decision other than PREFER_RECOMPUTE (the no-opinion answer)."""
+    return "\n".join(line for line in log if not line.endswith("PREFER_RECOMPUTE"))
+
+
+def _run(policy, block: nn.Module, forwards: int = 1) -> list[str]:
+    """Run ``block`` under ``policy`` with a recording wrapper; return "op -> decision" per call, per forward."""
+    log = []
+
+    def recording(ctx, op, *args, **kwargs):
+        decision = policy(ctx, op, *args, **kwargs)
+        log.append(f"{op_name(op)} -> {decision.name}")
+        return decision
+
+    wrapped = sac2.checkpoint_wrapper(
+        block, context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, recording)
+    )
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    for i in range(forwards):
+        log.append(f"-- forward {i}")
+        wrapped(x).sum().backward()
+    return log
+
+
+def _block() -> Attention:
+    torch.manual_seed(0)
+    return Attention()
+
+
+class TestLLM(TestCase):
+    def test_saves_matmuls_attention_topk_and_max(self):
+        self.assertExpectedInline(_matmuls_and_saves(_run(policies.llm(), _block())), """\
+-- forward 0
+aten.addmm.default -> MUST_SAVE
+aten._scaled_dot_product_flash_attention_for_cpu.default -> MUST_SAVE
+aten.mm.default -> MUST_SAVE
+aten.mm.default -> MUST_SAVE
+aten.topk.default -> MUST_SAVE
+aten.addmm.default -> MUST_SAVE
+aten.addmm.default -> MUST_SAVE
+aten.max.default -> MUST_SAVE""")
+
+    def test_recomputes_the_cheap_ops(self):
+        log = _run(policies.llm(), _block())
+        recomputed = sorted({line.split(" ")[0] for line in log if line.endswith("PREFER_RECOMPUTE")})
+        self.assertExpectedInline("\n".join(recomputed), """\
+aten._softmax.default
+aten._unsafe_view.default
+aten.abs.default
+aten.add.Tensor
+aten.div.Tensor
+aten.mul.Tensor
+aten.silu.default
+aten.sum.dim_IntList
+aten.t.default
+aten.transpose.int
+aten.unbind.int
+aten.view.default""")
+
+    def test_saves_device_to_host_copies_and_nothing_else_of_to_copy(self):
+        policy, ctx = policies.llm(), sac2.SelectiveCheckpointContext(is_recompute=False)
+        to_copy = torch.ops.aten._to_copy.default
+        on_device = torch.empty(2, device="meta")
+        decisions = [
+            policy(ctx, to_copy, on_device, device=torch.device("cpu")).name,
+            policy(ctx, to_copy, on_device, dtype=torch.half).name,
+            policy(ctx, to_copy, torch.empty(2), device="cpu").name,
+        ]
+        self.assertExpectedInline(str(decisions), """['MUST_SAVE', 'PREFER_RECOMPUTE', 'PREFER_RECOMPUTE']""")
+
+    def test_saves_named_regions(self):
+        policy, ctx = policies.llm(), sac2.SelectiveCheckpointContext(is_recompute=False)
+        self.assertIs(policy(ctx, sac2.Region("attn")), sac2.CheckpointPolicy.MUST_SAVE)
+
+    def test_save_list_skips_ops_the_running_torch_lacks(self):
+        from sac2.policies import presets
+
+        real = presets._COMPUTE
+        presets._COMPUTE = real + ("aten.no_such_op.default", "no_such_namespace.op.default")
+        try:
+            ops = policies.llm_save_list()
+        finally:
+            presets._COMPUTE = real
+        self.assertEqual(ops, policies.llm_save_list())
+
+    def test_save_list_has_the_communication_ops(self):
+        names = sorted(op_name(op) for op in policies.llm_save_list() if "c10d" in op_name(op))
+        self.assertExpectedInline("\n".join(names), """\
+_c10d_functional.all_gather_into_tensor.default
+_c10d_functional.all_gather_into_tensor_coalesced.default
+_c10d_functional.all_reduce.default
+_c10d_functional.all_reduce_coalesced.default
+_c10d_functional.all_to_all_single.default
+_c10d_functional.reduce_scatter_tensor.default
+_c10d_functional.reduce_scatter_tensor_coalesced.default
+_c10d_functional_autograd.all_gather_into_tensor.default
+_c10d_functional_autograd.all_to_all_single.default
+_c10d_functional_autograd.reduce_scatter_tensor.default""")
+
+
+class TestEveryOtherMatmul(TestCase):
+    def test_saves_the_first_third_and_fifth_matmul_of_each_forward(self):
+        log = _run(policies.every_other_matmul(), _block(), forwards=2)
+        self.assertExpectedInline(_matmuls_and_saves(log), """\
+-- forward 0
+aten.addmm.default -> MUST_SAVE
+aten.mm.default -> MUST_RECOMPUTE
+aten.mm.default -> MUST_SAVE
+aten.addmm.default -> MUST_RECOMPUTE
+aten.addmm.default -> MUST_SAVE
+-- forward 1
+aten.addmm.default -> MUST_SAVE
+aten.mm.default -> MUST_RECOMPUTE
+aten.mm.default -> MUST_SAVE
+aten.addmm.default -> MUST_RECOMPUTE
+aten.addmm.default -> MUST_SAVE""")
+
+    def test_counts_per_block(self):
+        policy = policies.every_other_matmul()
+        first, second = _run(policy, _block()), _run(policy, _block())
+        self.assertEqual(first, second)
+
+
+class TestRecomputeLinears(TestCase):
+    def test_forces_recompute_of_the_named_linears_matmuls(self):
+        block = _block()
+        log = _run(policies.recompute_linears(block, ["gate"]), block)
+        self.assertExpectedInline(_matmuls_and_saves(log), """\
+-- forward 0
+aten.mm.default -> MUST_RECOMPUTE""")
+
+    def test_warns_about_other_linears_of_the_same_shape(self):
+        block = _block()
+        block.out = nn.Linear(8, 4, bias=False)
+        with self.assertWarnsRegex(UserWarning, r"\['out'\] have the same weight shape as \['gate'\]"):
+            policies.recompute_linears(block, ["gate"])
+
+    def test_rejects_names_that_match_nothing_or_no_linear(self):
+        with self.assertRaisesRegex(ValueError, "no module of the model is named 'router'"):
+            policies.recompute_linears(_block(), ["router"])
+        model = nn.Sequential(_block())
+        with self.assertRaisesRegex(ValueError, "'0' .* is a Attention, not an nn.Linear"):
+            policies.recompute_linears(model, ["0"])
+
+
+class TestCompose(TestCase):
+    def test_torchtitan_op_policy(self):
+        block = _block()
+        policy = policies.compose(
+            policies.recompute_linears(block, ["gate"]), policies.every_other_matmul(), policies.llm()
+        )
+        self.assertExpectedInline(_matmuls_and_saves(_run(policy, block)), """\
+-- forward 0
+aten.addmm.default -> MUST_SAVE
+aten._scaled_dot_product_flash_attention_for_cpu.default -> MUST_SAVE
+aten.mm.default -> MUST_RECOMPUTE
+aten.mm.default -> MUST_RECOMPUTE
+aten.topk.default -> MUST_SAVE
+aten.addmm.default -> MUST_SAVE
+aten.addmm.default -> MUST_RECOMPUTE
+aten.max.default -> MUST_SAVE""")
+
+    def test_must_beats_prefer_and_order_breaks_ties(self):
+        P = sac2.CheckpointPolicy
+
+        def answer(value):
+            return lambda ctx, op, *a, **k: value
+
+        ctx = sac2.SelectiveCheckpointContext(is_recompute=False)
+        cases = {
+            "PREFER_SAVE, MUST_RECOMPUTE": (answer(P.PREFER_SAVE), answer(P.MUST_RECOMPUTE)),
+            "MUST_SAVE, MUST_RECOMPUTE": (answer(P.MUST_SAVE), answer(P.MUST_RECOMPUTE)),
+            "PREFER_SAVE, PREFER_RECOMPUTE": (answer(P.PREFER_SAVE), answer(P.PREFER_RECOMPUTE)),
+            "False, True": (answer(False), answer(True)),
+        }
+        report = "\n".join(
+            f"{name} -> {policies.compose(*ps)(ctx, torch.ops.aten.mm.default).name}" for name, ps in cases.items()
+        )
+        self.assertExpectedInline(report, """\
+PREFER_SAVE, MUST_RECOMPUTE -> MUST_RECOMPUTE
+MUST_SAVE, MUST_RECOMPUTE -> MUST_SAVE
+PREFER_SAVE, PREFER_RECOMPUTE -> PREFER_SAVE
+False, True -> MUST_SAVE""")
+
+    def test_rejects_an_answer_that_is_not_a_policy(self):
+        policy = policies.compose(lambda ctx, op, *a, **k: "save")
+        ctx = sac2.SelectiveCheckpointContext(is_recompute=False)
+        with self.assertRaisesRegex(TypeError, "returned 'save' for aten.mm.default"):
+            policy(ctx, torch.ops.aten.mm.default)
+
+    def test_gradients_equal_the_unchecked_block(self):
+        block = _block()
+        x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        block(x).sum().backward()
+        expected = [p.grad.clone() for p in block.parameters()]
+        block.zero_grad()
+        policy = policies.compose(policies.every_other_matmul(), policies.llm())
+        sac2.checkpoint_wrapper(
+            block, context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, policy)
+        )(x).sum().backward()
+        for p, e in zip(block.parameters(), expected):
+            self.assertTrue(torch.equal(p.grad, e))
