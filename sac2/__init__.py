@@ -4,6 +4,7 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 """
 
 from sac2.checkpoint import checkpoint, create_selective_checkpoint_contexts
+from sac2.compiled import compiled_region, region
 from sac2.hops import Region, region_of
 from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.explain import Report, explain, plot_budgets
@@ -26,6 +27,8 @@ __all__ = [
     "SelectiveCheckpointContext",
     "Region",
     "region_of",
+    "compiled_region",
+    "region",
     "policies",
     "apply_ac",
     "CheckpointImpl",

@@ -21,9 +21,10 @@ from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from sac2 import _compat, hops
+from sac2 import offload as _offload
 from sac2.policy import CheckpointPolicy, SaveList, SelectiveCheckpointContext, decide, is_save, op_name
 
 __all__ = ["Record", "CachingMode", "ReplayMode", "Saved"]
@@ -66,7 +67,7 @@ class _ArgRef:
 class Saved:
     """A saved op in the record: its key, its detached outputs and what it wrote."""
 
-    __slots__ = ("key", "out", "tensors", "versions", "writes", "rng")
+    __slots__ = ("key", "out", "tensors", "versions", "writes", "rng", "offload")
 
     def __init__(self, key: Any) -> None:
         self.key = key
@@ -75,6 +76,7 @@ class Saved:
         self.versions: list[int] | None = None
         self.writes: list[tuple[hops.Path, Tensor]] = []
         self.rng: tuple[torch.Generator, Tensor] | None = None
+        self.offload: Any = None  # True while a CPU_OFFLOAD entry's forward runs, then sac2.offload's state
 
     def record_versions(self) -> None:
         self.versions = [t._version for t in self.tensors]
@@ -177,6 +179,8 @@ class CachingMode(TorchDispatchMode):
         if save:
             entry = self._save(key, func, args, kwargs, out, before)
             if entry is not None:
+                if self._save_ids is None and type(value) is CheckpointPolicy and value in _offload.OFFLOAD:
+                    entry.offload = True
                 self.record.saved_at.append(len(log))
                 log.append(entry)
                 return out
@@ -224,14 +228,56 @@ class CachingMode(TorchDispatchMode):
 
         return _compat.tag_traced_nodes(lambda: func(*args, **kwargs), self.ac_graph_id, policy_of)
 
+    def __enter__(self):
+        super().__enter__()
+        _compat.sync_dispatch_flags(+1)  # torch's save/restore of its mode flags breaks when threads overlap
+        return self
+
     def __exit__(self, exc_type, exc, tb):
         try:
             if self._pending is not None:
                 self._flush()
             if exc_type is None:
                 self._drop_modified()
+                _offload.to_host(e for e in map(self.record.log.__getitem__, self.record.saved_at) if e.offload)
         finally:
             super().__exit__(exc_type, exc, tb)
+            _compat.sync_dispatch_flags(-1)
+
+    def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+        """A ``sac2.region`` call, one op for the policy, decided before it runs (``ctx.op_output`` is None).
+
+        Saved: ``run_kept`` keeps what its backward needs, and its outputs are recorded to be served in
+        recompute. Recomputed: ``run`` leaves its backward state to the checkpoint, and recompute runs it again.
+        """
+        if self._pending is not None:
+            self._flush()
+        log = self.record.log
+        if self._save_ops is not None:
+            save = key in self._save_ops
+        else:
+            self._ctx.op_output = None
+            save = is_save(decide(self.policy_fn(self._ctx, key, *args, **kwargs), key, len(log)))
+        if not save:
+            out = run(*args, **kwargs)
+            log.append(key)
+            return out
+        before = hops.tensor_versions(args, kwargs)
+        out = run_kept(*args, **kwargs)
+        entry = Saved(key)
+        writes = hops.writes_of(key, args, kwargs, out, before) or []
+        written = {id(t): path for path, t in writes}
+        with torch.no_grad():
+            entry.writes = [(path, _detach(t)) for path, t in writes]
+            # Which outputs required grad: served ones must too, or recompute saves less than forward did.
+            grads = tuple(t.requires_grad for t in tree_leaves(out) if isinstance(t, Tensor) and id(t) not in written)
+            entry.out = (_detached(out, written, entry.tensors), grads)
+        entry.tensors.extend(t for _, t in entry.writes)
+        gen = _compat.default_generator(_device_of(out, args))
+        entry.rng = (gen, gen.get_state())  # recompute skips the region: skip the numbers it drew, too
+        entry.record_versions()
+        log.append(entry)  # not in saved_at: a region modified later is re-run at replay, see ReplayMode._region
+        return out
 
     def _drop_modified(self) -> None:
         """Saved outputs that a later op of this forward modified in place are recomputed instead of served."""
@@ -270,7 +316,10 @@ class ReplayMode(TorchDispatchMode):
 
     def __enter__(self):
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
-        return super().__enter__()
+        super().__enter__()
+        _compat.sync_dispatch_flags(+1)
+        _offload.prefetch(e for e in map(self.record.log.__getitem__, self.record.saved_at) if e.offload)
+        return self
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
@@ -312,14 +361,56 @@ class ReplayMode(TorchDispatchMode):
         if entry.rng is not None:
             gen, state = entry.rng
             gen.set_state(state)
+        if entry.offload is not None:
+            _offload.ready(entry)
         with torch.no_grad():
             for path, saved in entry.writes:
                 hops.locate(args, kwargs, path).copy_(saved)
-        return _served(entry.out, args, kwargs)
+        out = _served(entry.out, args, kwargs)
+        if entry.offload is not None:
+            _offload.release(entry)
+        return out
+
+    def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+        """A ``sac2.region`` call in recompute: serve what forward saved, else run it (its one run in backward)."""
+        log = self.record.log
+        i = self._cursor
+        entry = log[i] if i < len(log) else None
+        if entry is key:
+            self._cursor = i + 1
+            return run(*args, **kwargs)
+        if type(entry) is Saved and entry.key is key:
+            self._cursor = i + 1
+            if entry.modified():
+                _warn_once(
+                    key,
+                    f"sac2: the policy saves {self.record.describe(i)}, but a tensor it returned or wrote was "
+                    f"modified in place after it ran, so the saved value is stale; sac2 runs the region again in "
+                    f"backward instead. Have the policy recompute it to silence this warning.",
+                )
+                return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
+            gen, state = entry.rng
+            gen.set_state(state)
+            with torch.no_grad():
+                for path, saved in entry.writes:
+                    hops.locate(args, kwargs, path).copy_(saved)
+            out, grads = entry.out
+            served = _served(out, args, kwargs)
+            stored = tree_leaves(out, is_leaf=lambda x: type(x) is _ArgRef)
+            fresh = [t for o, t in zip(stored, tree_leaves(served)) if isinstance(o, Tensor)]
+            for t, requires_grad in zip(fresh, grads):
+                t.requires_grad_(requires_grad)
+            return served
+        ran = self.record.describe(i) if entry is not None else f"only {len(log)} ops"
+        raise RuntimeError(
+            f"sac2: recompute diverged from forward at op {i} of the region: forward ran {ran}, recompute ran "
+            f"{_key_name(key)}. {_DIVERGED}"
+        )
 
     def __exit__(self, exc_type, exc, tb):
         cursor, n = self._cursor, len(self.record.log)
         super().__exit__(exc_type, exc, tb)
+        _compat.sync_dispatch_flags(-1)
         if exc_type is None and cursor != n:
             raise RuntimeError(
                 f"sac2: recompute ended after {cursor} ops, but the forward ran {n}; the first op missing is "

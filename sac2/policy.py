@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterable, Union
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
+from sac2.hops import Region
+
 __all__ = [
     "CheckpointPolicy",
     "SelectiveCheckpointContext",
@@ -38,6 +40,8 @@ _SAVING = frozenset(
 def op_name(op: Any) -> str:
     """A short readable name: ``aten.mm.default``, ``flex_attention``, ``region 'attn'``."""
     name = getattr(op, "name", None)
+    if type(op) is Region:
+        return f"region {op.name!r}"
     if isinstance(op, torch._ops.OpOverload):
         return str(op)
     if isinstance(op, torch._ops.HigherOrderOperator):
@@ -78,11 +82,11 @@ class SaveList:
                     f"sac2: {op} in the save list is an OpOverloadPacket, which names every overload of the op; "
                     f"list the overload the op runs as, e.g. {op}.default."
                 )
-            if not isinstance(op, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
+            if not isinstance(op, (torch._ops.OpOverload, torch._ops.HigherOrderOperator, Region)):
                 raise ValueError(
                     f"sac2: {op!r} (type {type(op).__name__}) in the save list is not an op; list OpOverloads "
-                    f"such as torch.ops.aten.mm.default or higher-order ops such as "
-                    f"torch.ops.higher_order.flex_attention."
+                    f"such as torch.ops.aten.mm.default, higher-order ops such as "
+                    f"torch.ops.higher_order.flex_attention, or regions such as sac2.Region('attn')."
                 )
         self.ops = frozenset(ops)
 

@@ -1,0 +1,343 @@
+"""``sac2.compiled_region()`` and ``sac2.region()``: compiled code inside selective checkpointing.
+
+compiled_region: inside a sac2 forward or recompute its body runs with sac2's modes off the stack and torch's
+dispatch-mode flags cleared, and everything is restored afterwards, by exception too, nested, and across threads.
+region: each call is one op for the policy; saved, it never runs in backward; recomputed, it runs once.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from functools import partial
+from typing import Any, Callable
+
+import torch
+from expecttest import TestCase
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sac2
+from sac2 import _compat
+from sac2.modes import CachingMode, Record
+
+DTYPE = torch.float64
+NO_FLAGS = (False, False, False)
+runs = {"fwd": 0, "bwd": 0}
+
+
+@torch.library.custom_op("sac2_test_compiled_region::triple", mutates_args=())
+def triple(x: torch.Tensor) -> torch.Tensor:
+    """Counts its executions: how a test sees whether a region ran again in backward."""
+    runs["fwd"] += 1
+    return x * 3
+
+
+triple.register_fake(lambda x: torch.empty_like(x))
+triple.register_autograd(lambda ctx, grad: grad * 3)
+
+
+def _contexts(policy: Any) -> Callable:
+    return partial(sac2.create_selective_checkpoint_contexts, policy)
+
+
+def _recompute_all(ctx, op, *args, **kwargs) -> bool:
+    return False
+
+
+def _x(n: int = 5) -> torch.Tensor:
+    return torch.randn(n, dtype=DTYPE, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+
+def _grad_and_backward_runs(fn: Callable, x: torch.Tensor, policy: Any) -> tuple[torch.Tensor, int]:
+    out = sac2.checkpoint(fn, x, context_fn=_contexts(policy))
+    before = runs["fwd"]
+    grad = torch.autograd.grad(out, x)[0]
+    return grad, runs["fwd"] - before
+
+
+class _Foreign(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class TestCompiledRegion(TestCase):
+    def test_body_runs_with_no_sac2_mode_on_stack_and_flags_cleared(self):
+        seen = {}
+
+        def fn(x):
+            y = x.sin()
+            with sac2.compiled_region():
+                seen["stack"] = _compat.dispatch_mode_stack()
+                seen["flags"] = _compat.dispatch_flags()
+                y = y.cos().exp()
+            return y.sum()
+
+        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        self.assertEqual(seen, {"stack": [], "flags": NO_FLAGS})
+
+    def test_sac2_sees_no_dispatch_of_the_body(self):
+        record = Record()
+
+        def fn(x):
+            y = x.sin()
+            with sac2.compiled_region():
+                y = y.cos().exp().tanh()
+            return y.sum()
+
+        sac2.checkpoint(fn, _x(), context_fn=lambda: (CachingMode(_recompute_all, record), torch.no_grad()))
+        self.assertEqual([str(op) for op in record.log], ["aten.sin.default", "aten.sum.default"])
+
+    def test_restores_stack_and_flags_on_exit(self):
+        seen = {}
+
+        def fn(x):
+            before = (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
+            with sac2.compiled_region():
+                pass
+            seen["same"] = before == (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
+            seen["in_mode"] = _compat.dispatch_flags()
+            return x.sin().sum()
+
+        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        self.assertEqual(seen, {"same": True, "in_mode": (True, True, False)})
+        self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([], NO_FLAGS))
+
+    def test_restores_stack_and_flags_when_the_body_raises(self):
+        seen = {}
+
+        def fn(x):
+            before = (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
+            try:
+                with sac2.compiled_region():
+                    raise KeyError("boom")
+            except KeyError:
+                seen["same"] = before == (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
+            return x.sin().sum()
+
+        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        self.assertEqual(seen, {"same": True})
+
+    def test_nests(self):
+        seen = {}
+
+        def fn(x):
+            stack = _compat.dispatch_mode_stack()
+            with sac2.compiled_region():
+                with sac2.compiled_region():
+                    seen["inner"] = _compat.dispatch_mode_stack()
+                seen["after_inner"] = _compat.dispatch_mode_stack()
+            seen["restored"] = _compat.dispatch_mode_stack() == stack
+            return x.sin().sum()
+
+        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        self.assertEqual(seen, {"inner": [], "after_inner": [], "restored": True})
+
+    def test_is_a_no_op_outside_sac(self):
+        with _Foreign() as foreign:
+            flags = _compat.dispatch_flags()
+            with sac2.compiled_region():
+                self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([foreign], flags))
+
+    def test_raises_naming_a_foreign_mode_above_sac2s(self):
+        def fn(x):
+            with _Foreign():
+                with sac2.compiled_region():
+                    pass
+            return x.sum()
+
+        with self.assertRaises(RuntimeError) as err:
+            sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        self.assertExpectedInline(
+            str(err.exception),
+            """sac2.compiled_region: test_compiled_region._Foreign is on the dispatch-mode stack above sac2's modes; sac2 pops only its own modes, which must be innermost. Enter that mode outside the checkpointed function, or inside the region's body.""",  # noqa: B950
+        )
+        self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([], NO_FLAGS))
+
+    def test_in_place_write_in_the_body_to_a_saved_output_is_seen(self):
+        def fn(x):
+            y = x * 2  # saved
+            with sac2.compiled_region():
+                y.add_(1)  # makes the saved value stale: sac2 must notice although it does not see this op
+            return (y * x).sum()
+
+        x = _x()
+        ref = torch.autograd.grad(fn(x), x)[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = sac2.checkpoint(fn, x, context_fn=_contexts([torch.ops.aten.mul.Tensor]))
+        self.assertTrue(any("modified in place" in str(w.message) for w in caught))
+        self.assertTrue(torch.equal(torch.autograd.grad(out, x)[0], ref))
+
+    def test_compiled_code_in_the_body_compiles_with_gradients_of_the_uncheckpointed_run(self):
+        compiled = torch.compile(lambda y: (y.sin() * y).cos(), backend="aot_eager")
+
+        def fn(x):
+            with sac2.compiled_region():
+                y = compiled(x.exp())
+            return y.sum()
+
+        x = _x()
+        torch._dynamo.utils.counters.clear()
+        grad, _ = _grad_and_backward_runs(fn, x, [torch.ops.aten.exp.default])  # compiles under sac2
+        self.assertEqual(dict(torch._dynamo.utils.counters["frames"]), {"total": 1, "ok": 1})
+        self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))
+
+    def test_overlapping_threads_leave_the_flags_cleared(self):
+        # A enters, B enters, A exits, B exits: torch's own save/restore leaves the flags stuck True here.
+        a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+        seen = {}
+
+        def a():
+            with CachingMode(_recompute_all, Record()):
+                a_in.set()
+                b_in.wait(10)
+            a_out.set()
+
+        def b():
+            a_in.wait(10)
+            with CachingMode(_recompute_all, Record()):
+                b_in.set()
+                a_out.wait(10)
+                seen["b_inside"] = _compat.dispatch_flags()
+
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(seen, {"b_inside": (True, True, False)})
+        self.assertEqual(_compat.dispatch_flags(), NO_FLAGS)
+
+    def test_four_concurrent_threads_restore_stack_and_flags(self):
+        barrier = threading.Barrier(4, timeout=20)
+        inside, grads = [], []
+
+        def fn(x):
+            y = x.sin()
+            with sac2.compiled_region():
+                barrier.wait()  # all four threads are inside a region body at once, in forward and in recompute
+                inside.append(_compat.dispatch_mode_stack())
+                y = y.cos()
+            return y.exp().sum()
+
+        x = _x()
+        ref = torch.autograd.grad(_plain(x), x)[0]
+
+        def work():
+            out = sac2.checkpoint(fn, x, context_fn=_contexts([torch.ops.aten.sin.default]))
+            grads.append(torch.autograd.grad(out, x)[0])
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(inside, [[]] * 8)
+        self.assertTrue(all(torch.equal(g, ref) for g in grads) and len(grads) == 4)
+        self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([], NO_FLAGS))
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    return x.sin().cos().exp().sum()
+
+
+@sac2.region(name="attn")
+def _attn(x: torch.Tensor) -> torch.Tensor:
+    return triple(x).sin()
+
+
+def _block(x: torch.Tensor) -> torch.Tensor:
+    return (_attn(x.cos()) * x).exp().sum()
+
+
+def _saving_regions(ctx, op, *args, **kwargs) -> bool:
+    return isinstance(op, sac2.Region)
+
+
+class TestRegion(TestCase):
+    def setUp(self):
+        x = _x()
+        self.x = x
+        self.ref = torch.autograd.grad(_block(x), x)[0]
+
+    def test_saved_region_does_not_run_in_backward(self):
+        grad, backward_runs = _grad_and_backward_runs(_block, self.x, _saving_regions)
+        self.assertEqual(backward_runs, 0)
+        self.assertTrue(torch.equal(grad, self.ref))
+
+    def test_recomputed_region_runs_once_in_backward(self):
+        grad, backward_runs = _grad_and_backward_runs(_block, self.x, _recompute_all)
+        self.assertEqual(backward_runs, 1)
+        self.assertTrue(torch.equal(grad, self.ref))
+
+    def test_policy_sees_one_op_named_as_given_before_the_body_runs(self):
+        seen = []
+
+        def policy(ctx, op, *args, **kwargs):
+            seen.append((op, ctx.op_output, len(args)))
+            return False
+
+        sac2.checkpoint(_block, self.x, context_fn=_contexts(policy))
+        self.assertEqual([s for s in seen if isinstance(s[0], sac2.Region)], [(sac2.Region("attn"), None, 1)])
+
+    def test_default_name_is_the_qualname(self):
+        self.assertEqual(self._region_names(sac2.region(_plain)), ["_plain"])
+
+    def test_decorator_with_name_and_call_form_name_the_region(self):
+        @sac2.region(name="mlp")
+        def decorated(x):
+            return x.sin()
+
+        self.assertEqual(self._region_names(decorated) + self._region_names(sac2.region(torch.cos, name="c")),
+                         ["mlp", "c"])
+
+    def _region_names(self, fn: Callable) -> list[str]:
+        seen = []
+
+        def policy(ctx, op, *args, **kwargs):
+            seen.append(op)
+            return False
+
+        sac2.checkpoint(lambda x: fn(x).sum(), self.x, context_fn=_contexts(policy))
+        return [op.name for op in seen if isinstance(op, sac2.Region)]
+
+    def test_region_in_a_save_list_is_saved(self):
+        grad, backward_runs = _grad_and_backward_runs(_block, self.x, [sac2.Region("attn")])
+        self.assertEqual(backward_runs, 0)
+        self.assertTrue(torch.equal(grad, self.ref))
+
+    def test_outside_sac_a_region_just_calls_fn(self):
+        before = runs["fwd"]
+        self.assertTrue(torch.equal(_attn(self.x), triple(self.x).sin()))
+        self.assertEqual(runs["fwd"] - before, 2)
+
+    def test_saved_region_keeps_later_random_ops_in_step(self):
+        @sac2.region(name="noisy")
+        def noisy(x):
+            return torch.nn.functional.dropout(x, 0.5).sin()
+
+        def fn(x):
+            return torch.nn.functional.dropout(noisy(x), 0.5).sum()
+
+        torch.manual_seed(0)
+        ref = torch.autograd.grad(fn(self.x), self.x)[0]
+        torch.manual_seed(0)
+        grad, _ = _grad_and_backward_runs(fn, self.x, _saving_regions)
+        self.assertTrue(torch.equal(grad, ref))
+
+    def test_saved_region_modified_later_runs_again_with_a_warning(self):
+        def fn(x):
+            y = _attn(x)
+            y.mul_(2)
+            return (y * x).sum()
+
+        ref = torch.autograd.grad(fn(self.x), self.x)[0]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            grad, backward_runs = _grad_and_backward_runs(fn, self.x, _saving_regions)
+        self.assertExpectedInline(
+            "\n".join(str(w.message) for w in caught),
+            """sac2: the policy saves region 'attn' (call 0 of that op, op 0 of the region), but a tensor it returned or wrote was modified in place after it ran, so the saved value is stale; sac2 runs the region again in backward instead. Have the policy recompute it to silence this warning.""",
+        )
+        self.assertEqual(backward_runs, 1)
+        self.assertTrue(torch.equal(grad, ref))
