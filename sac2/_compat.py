@@ -1,0 +1,223 @@
+"""Every private torch API sac2 touches, in one place, so a torch upgrade changes one file.
+
+Each name here says what sac2 needs, not how torch spells it today.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Callable
+
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.utils.checkpoint as _tuc
+from torch.utils import _python_dispatch as _pd
+
+__all__ = [
+    "IGNORED_OPS",
+    "noop_context_fn",
+    "detach_keeping_version",
+    "tracing_for_compile",
+    "tag_traced_nodes",
+    "mode_stack_len",
+    "dispatch_mode_stack",
+    "pop_mode",
+    "push_mode",
+    "sync_dispatch_flags",
+    "dispatch_flags",
+    "INDUCTOR_COMPILED_CODE",
+    "TRITON_MUTATION",
+    "compiled_callable_key",
+    "triton_written_args",
+    "default_generator",
+    "CheckpointImpl",
+    "register_activation_wrapper",
+    "wrap_policy_targets",
+]
+
+#: Ops that forward and recompute legitimately run a different number of times (detach, metadata queries
+#: issued by the determinism check); torch's own SAC skips exactly these.
+IGNORED_OPS: frozenset = frozenset(_tuc.SAC_IGNORED_OPS)
+
+#: torch's "no context" sentinel: dynamo recognises exactly this object as "no selective policy".
+noop_context_fn = _tuc.noop_context_fn
+
+_ADInplaceOrView = torch._C.DispatchKey.ADInplaceOrView
+_ExcludeGuard = torch._C._SetExcludeDispatchKeyGuard
+
+
+def detach_keeping_version(t: torch.Tensor) -> torch.Tensor:
+    """Detach below autograd so the alias shares the version counter and carries no autograd metadata.
+
+    The version counter lets sac2 see later in-place writes; no autograd metadata lets autograd treat the
+    tensor as a fresh output (view ops call ``as_view`` on it) when it is served in recompute.
+    """
+    with _ExcludeGuard(_ADInplaceOrView, False):
+        return t.detach()
+
+
+def tracing_for_compile() -> bool:
+    """True while AOTAutograd traces a checkpointed region (a proxy mode is active, not export tracing)."""
+    if torch.compiler._is_non_strict_tracing():
+        return False
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+
+
+def tag_traced_nodes(run: Callable[[], Any], ac_graph_id: int, policy_of: Callable[[Any], Any]) -> Any:
+    """Run ``run()`` under compile tracing and tag the FX nodes it adds with torch's recompute metadata.
+
+    ``policy_of(out)`` returns the torch ``CheckpointPolicy`` for the op's output; the partitioner reads
+    ``node.meta["recompute"]`` and ``node.meta["ac_graph_id"]``.
+    """
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    meta = fx_traceback.current_meta
+    meta["ac_graph_id"] = ac_graph_id
+    meta["recompute"] = _tuc.CheckpointPolicy.PREFER_RECOMPUTE
+    proxy_mode = get_proxy_mode()
+    graph = proxy_mode.tracer.graph if proxy_mode is not None else None
+    before = len(graph.nodes) if graph is not None else 0
+    out = run()
+    policy = policy_of(out)
+    if graph is not None:
+        for node in itertools.islice(reversed(graph.nodes), len(graph.nodes) - before):
+            node.meta["recompute"] = policy
+    return out
+
+
+def mode_stack_len() -> int:
+    """Depth of this thread's Python dispatch-mode stack."""
+    return _pd._len_torch_dispatch_stack()
+
+
+def dispatch_mode_stack() -> list:
+    """This thread's dispatch-mode stack, innermost (the mode that dispatches first) last."""
+    return _pd._get_current_dispatch_mode_stack()
+
+
+def pop_mode() -> Any:
+    """Pop the innermost mode off this thread's stack, leaving torch's "in a mode" flags alone."""
+    return _pd._pop_mode()
+
+
+def push_mode(mode: Any) -> None:
+    """Push ``mode`` back onto this thread's stack, leaving torch's "in a mode" flags alone."""
+    _pd._push_mode(mode)
+
+
+_flags_lock = threading.Lock()
+_flags_of_thread: dict[int, tuple[bool, bool, bool]] = {}  # threads inside sac2 -> what their own stack needs
+_sac2_depth = threading.local()
+
+
+def sync_dispatch_flags(depth_change: int = 0) -> None:
+    """Set torch's process-wide "inside a dispatch mode" flags to what every thread inside sac2 needs.
+
+    torch keeps ``_is_in_torch_dispatch_mode``, ``_is_in_non_infra_torch_dispatch_mode`` and
+    ``_is_in_any_mode_without_ignore_compile_internals`` (mirrored in C++) as globals that each mode saves on enter
+    and restores on exit, so threads whose modes overlap leave them stuck True. sac2 sets each flag to the OR, over
+    the threads inside sac2 and the calling thread, of what that thread's own mode stack says. A thread never reads
+    False while it has a mode that needs True (compiled-region wrapping keys off it), and the flags drop back once
+    the last thread leaves. ``depth_change`` is +1 when the caller enters a sac2 mode, -1 when it leaves one.
+    """
+    modes = dispatch_mode_stack()
+    own = (
+        bool(modes),
+        any(not m.is_infra_mode() for m in modes),
+        any(not m.ignore_compile_internals() for m in modes),
+    )
+    depth = getattr(_sac2_depth, "n", 0) + depth_change
+    _sac2_depth.n = depth
+    tid = threading.get_ident()
+    with _flags_lock:
+        if depth > 0:
+            _flags_of_thread[tid] = own
+        else:
+            _flags_of_thread.pop(tid, None)
+        flags = [any(f) for f in zip(own, *_flags_of_thread.values())]
+        _pd._is_in_torch_dispatch_mode, _pd._is_in_non_infra_torch_dispatch_mode = flags[0], flags[1]
+        _pd._is_in_any_mode_without_ignore_compile_internals = flags[2]
+        _pd.set_is_in_mode_without_ignore_compile_internals(flags[2])
+
+
+def dispatch_flags() -> tuple[bool, bool, bool]:
+    """torch's three "inside a dispatch mode" flags, as ``sync_dispatch_flags`` sets them."""
+    return (
+        _pd._is_in_torch_dispatch_mode,
+        _pd._is_in_non_infra_torch_dispatch_mode,
+        _pd._is_in_any_mode_without_ignore_compile_internals,
+    )
+
+
+def _hop(module: str, name: str) -> Any:
+    try:
+        mod = __import__(f"torch._higher_order_ops.{module}", fromlist=[name])
+        return getattr(mod, name)
+    except (ImportError, AttributeError):
+        return None
+
+
+#: The HOP a compiled region runs as under a dispatch mode (``wrap_inductor_compiled_regions``).
+INDUCTOR_COMPILED_CODE = _hop("wrap", "inductor_compiled_code")
+#: The HOP a user Triton kernel runs as; it returns None and writes into its tensor kwargs.
+TRITON_MUTATION = _hop("triton_kernel_wrap", "triton_kernel_wrapper_mutation")
+
+
+def compiled_callable_key(args: tuple) -> tuple[int, str | None]:
+    """(unique index, name given to torch.compile) of the compiled callable an inductor_compiled_code call runs."""
+    from torch._higher_order_ops.wrap import _resolve_inductor_callable
+
+    fn = _resolve_inductor_callable(args[0])
+    return fn.idx, fn.compile_region_name
+
+
+def triton_written_args(kwargs: dict) -> list[str]:
+    """Names of the tensor kwargs a ``triton_kernel_wrapper_mutation`` call writes into.
+
+    Uses torch's own kernel analysis; if that analysis fails, every tensor kwarg counts as written.
+    """
+    from torch._higher_order_ops.triton_kernel_wrap import get_mutated_tensors
+
+    inner = kwargs["kwargs"]
+    try:
+        return get_mutated_tensors(
+            kwargs["kernel_idx"], kwargs["constant_args_idx"], inner, kwargs.get("tma_descriptor_metadata", {})
+        )
+    except Exception:  # the analysis is best effort upstream too; fall back to the safe superset
+        return [k for k, v in inner.items() if isinstance(v, torch.Tensor)]
+
+
+def default_generator(device: torch.device) -> torch.Generator:
+    """The default RNG generator that random ops on ``device`` draw from."""
+    if device.type == "cpu":
+        return torch.default_generator
+    module = torch.get_device_module(device.type)
+    index = device.index if device.index is not None else module.current_device()
+    return module.default_generators[index]
+
+
+# --- module wrappers (sac2.wrappers) ---
+try:
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper as _ActivationWrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
+except ImportError:  # torch built without distributed: same members, so user code reads the same
+    import enum as _enum
+
+    _ActivationWrapper = None
+    CheckpointImpl = _enum.Enum("CheckpointImpl", ["REENTRANT", "NO_REENTRANT"])  # type: ignore[misc]
+
+
+def register_activation_wrapper(cls: type) -> None:
+    """Make ``isinstance(m, torch's ActivationWrapper)`` hold for sac2's wrappers, so torch code that looks through
+    activation wrappers (FSDP1's ``.module``) looks through ours."""
+    if _ActivationWrapper is not None:
+        _ActivationWrapper.register(cls)
+
+
+def wrap_policy_targets(policy: Any, root: torch.nn.Module) -> dict:
+    """The modules an FSDP ``_Policy`` object (``CustomPolicy``) selects under ``root``, each with its kwargs."""
+    run = getattr(policy, "_run_policy", None)
+    if run is None:
+        raise ValueError(f"sac2: auto_wrap_policy {policy!r} is neither callable nor an FSDP wrap policy.")
+    return run(root, ignored_modules=set(), root_kwargs={})
