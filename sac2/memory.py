@@ -1,0 +1,103 @@
+"""Measure, never estimate, the memory a training step keeps for backward and its peak.
+
+On CUDA the caching allocator's statistics answer directly. On CPU torch keeps no allocator statistics, but the
+CPU allocator reports every allocation and free (with its size) to the profiler when ``profile_memory=True``;
+summing those events in time order gives the same two numbers as ``memory_allocated`` and
+``max_memory_allocated`` would. The profiler runs only for the measured step, which is then not timed.
+
+What both methods count: tensor storages from torch's allocator, whoever holds them (autograd's saved tensors,
+checkpoint inputs, sac2's record, stock SAC's storage). What they do not count: memory that does not come from
+torch's allocator (oneDNN scratch buffers, Python objects, the CUDA caching allocator's reserved-but-free blocks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from sac2 import _compat
+
+__all__ = ["Memory", "measure_step"]
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes of one forward+backward, relative to what was allocated when the step started.
+
+    ``kept``: allocated by forward and still allocated when it returned: what it keeps for backward (plus its
+    output). ``peak``: the most allocated at any moment of forward and backward.
+    """
+
+    kept: int
+    peak: int
+
+
+def measure_step(forward: Callable[[], torch.Tensor], device: torch.device | str) -> tuple[Memory, torch.Tensor]:
+    """Run ``forward()`` (returning a scalar loss), then backward from it; return the measured memory and the loss."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _measure_cuda(forward, device)
+    if device.type == "cpu":
+        return _measure_cpu(forward)
+    raise ValueError(f"sac2.memory: cannot measure memory on {device}; supported devices are cpu and cuda.")
+
+
+def _measure_cuda(forward: Callable[[], torch.Tensor], device: torch.device) -> tuple[Memory, torch.Tensor]:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    loss = forward()
+    torch.cuda.synchronize(device)
+    kept = torch.cuda.memory_allocated(device) - start
+    loss.backward()
+    torch.cuda.synchronize(device)
+    return Memory(kept=kept, peak=torch.cuda.max_memory_allocated(device) - start), loss
+
+
+def _measure_cpu(forward: Callable[[], torch.Tensor]) -> tuple[Memory, torch.Tensor]:
+    with _allocations() as fwd:
+        loss = forward()
+    with _allocations() as bwd:
+        loss.backward()
+    kept, fwd_peak = _net_and_peak(fwd)
+    _, bwd_peak = _net_and_peak(bwd)
+    return Memory(kept=kept, peak=max(fwd_peak, kept + bwd_peak)), loss
+
+
+def _net_and_peak(sizes: list[int]) -> tuple[int, int]:
+    total = peak = 0
+    for n in sizes:
+        total += n
+        peak = max(peak, total)
+    return total, peak
+
+
+@contextlib.contextmanager
+def _allocations() -> Iterator[list[int]]:
+    """Collect the signed sizes of the CPU allocator's allocations (+) and frees (-) inside the block, in order."""
+    sizes: list[int] = []
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():  # kineto prints a line to fd 2 on every start and stop
+        prof.__enter__()
+    try:
+        yield sizes
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
+    sizes.extend(_compat.allocation_sizes(prof))
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
