@@ -1,0 +1,129 @@
+"""torch.compile and sac2: compiled code inside a sac2 checkpoint, and a sac2 checkpoint inside torch.compile.
+
+- A ``torch.compile``d function called under sac2's modes still compiles (they ignore compile internals), in a
+  ``sac2.region`` or not, and gives the gradients of the un-checkpointed compiled run.
+- ``torch.compile(fullgraph=True)`` over ``sac2.checkpoint`` turns it into torch's checkpoint HOP, and sac2's
+  policy decides what the partitioner saves: the same ops are re-run in backward as in eager.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+from expecttest import TestCase
+from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import sac2
+
+DTYPE = torch.float64
+runs = {"saved": 0, "recomputed": 0}
+
+
+def _counting_op(name: str) -> Callable:
+    @torch.library.custom_op(f"sac2_test_compile::{name}", mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        runs[name] += 1
+        return x * 3
+
+    op.register_fake(lambda x: torch.empty_like(x))
+    op.register_autograd(lambda ctx, grad: grad * 3)
+    return op
+
+
+saved_op, recomputed_op = _counting_op("saved"), _counting_op("recomputed")
+
+
+def _block(x: torch.Tensor) -> torch.Tensor:
+    return recomputed_op(saved_op(x).sin()).cos().sum()
+
+
+def _policy(ctx, op, *args, **kwargs) -> bool:
+    return op is torch.ops.sac2_test_compile.saved.default
+
+
+def _checkpointed(x: torch.Tensor) -> torch.Tensor:
+    return sac2.checkpoint(_block, x, context_fn=partial(sac2.create_selective_checkpoint_contexts, _policy))
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(5, dtype=DTYPE, generator=torch.Generator().manual_seed(0)).requires_grad_()
+
+
+def _backward_runs(fn: Callable, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    out = fn(x)
+    runs.update(saved=0, recomputed=0)
+    grad = torch.autograd.grad(out, x)[0]
+    return grad, dict(runs)
+
+
+class _NotIgnoringCompile(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class TestCompiledCodeUnderSac2(TestCase):
+    def setUp(self):
+        torch._dynamo.reset()
+        counters.clear()
+
+    def test_a_mode_that_does_not_ignore_compile_internals_makes_dynamo_skip(self):
+        # The control for the tests below: a skipped frame leaves counters["frames"] empty.
+        with _NotIgnoringCompile():
+            torch.compile(torch.sin, backend="aot_eager")(_x())
+        self.assertEqual(dict(counters["frames"]), {})
+
+    def test_compiled_function_called_directly_compiles_with_uncheckpointed_gradients(self):
+        compiled = torch.compile(lambda y: (y.sin() * y).cos(), backend="aot_eager")
+
+        def fn(x):
+            return compiled(x.exp()).sum()
+
+        x = _x()
+        out = sac2.checkpoint(fn, x, context_fn=partial(sac2.create_selective_checkpoint_contexts, _policy))
+        grad = torch.autograd.grad(out, x)[0]
+        self.assertEqual(dict(counters["frames"]), {"total": 1, "ok": 1})
+        self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))
+
+    def test_inductor_code_in_a_region_compiles_with_uncheckpointed_gradients(self):
+        compiled = torch.compile(lambda y: (y.sin() * y).cos())
+        region = sac2.region(compiled, name="fused")
+
+        def fn(x):
+            return region(x.exp()).sum()
+
+        x = _x()
+        for policy in ([sac2.Region("fused")], []):
+            out = sac2.checkpoint(fn, x, context_fn=partial(sac2.create_selective_checkpoint_contexts, policy))
+            grad = torch.autograd.grad(out, x)[0]
+            self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))
+        self.assertEqual(dict(counters["frames"]), {"total": 1, "ok": 1})
+
+
+class TestSac2UnderCompile(TestCase):
+    def setUp(self):
+        torch._dynamo.reset()
+
+    def test_fullgraph_compile_reruns_in_backward_what_eager_does(self):
+        x = _x()
+        eager_grad, eager_runs = _backward_runs(_checkpointed, x)
+        compiled = torch.compile(_checkpointed, backend="aot_eager", fullgraph=True)
+        compiled_grad, compiled_runs = _backward_runs(compiled, x)
+        self.assertEqual((eager_runs, compiled_runs), ({"saved": 0, "recomputed": 1},) * 2)
+        self.assertTrue(torch.equal(compiled_grad, eager_grad))
+        self.assertTrue(torch.equal(eager_grad, torch.autograd.grad(_block(x), x)[0]))
+
+    def test_fullgraph_compile_traces_through_a_region(self):
+        # dynamo inlines the region's function: its ops meet the policy one by one, as in an unnamed block.
+        attn = sac2.region(lambda y: recomputed_op(saved_op(y).sin()), name="attn")
+
+        def fn(x):
+            contexts = partial(sac2.create_selective_checkpoint_contexts, _policy)
+            return sac2.checkpoint(lambda y: attn(y).cos().sum(), x, context_fn=contexts)
+
+        x = _x()
+        grad, backward_runs = _backward_runs(torch.compile(fn, backend="aot_eager", fullgraph=True), x)
+        self.assertEqual(backward_runs, {"saved": 0, "recomputed": 1})
+        self.assertTrue(torch.equal(grad, torch.autograd.grad(_block(x), x)[0]))
