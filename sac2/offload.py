@@ -23,6 +23,15 @@ OFFLOAD = frozenset({torch.utils.checkpoint.CheckpointPolicy.MUST_CPU_OFFLOAD,
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
+class _Host:
+    """A pinned host copy of a device tensor (host tensors the op returned stay plain tensors)."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.tensor = tensor
+
+
 class Offloaded:
     """An entry's outputs and writes in pinned host memory, and the device copies of the current recompute."""
 
@@ -65,10 +74,11 @@ def to_host(entries: Iterable[Any]) -> None:
             h = torch.empty_like(x, device="cpu", pin_memory=True)
             h.copy_(x, non_blocking=True)
             x.record_stream(side)  # the allocator must not reuse x before the copy has read it
-            return h
+            return _Host(h)
 
         with torch.cuda.stream(side), torch.no_grad():
             entry.offload = Offloaded(tree_map(host, entry.out), [(p, host(t)) for p, t in entry.writes], device)
+        # Between forward and recompute the record holds only host copies; prefetch puts device tensors back.
         entry.out, entry.writes = entry.offload.host_out, entry.offload.host_writes
         entry.tensors, entry.versions = [], []  # a copy cannot be modified in place by anyone else
 
@@ -81,10 +91,10 @@ def prefetch(entries: Iterable[Any]) -> None:
         side.wait_stream(torch.cuda.current_stream(off.device))
 
         def back(x: Any) -> Any:
-            return x.to(off.device, non_blocking=True) if isinstance(x, Tensor) else x
+            return x.tensor.to(off.device, non_blocking=True) if type(x) is _Host else x
 
         with torch.cuda.stream(side), torch.no_grad():
-            entry.out = tree_map(back, off.host_out)
+            entry.out = tree_map(back, off.host_out, is_leaf=_is_host)
             entry.writes = [(p, back(t)) for p, t in off.host_writes]
             off.event = torch.cuda.Event()
             off.event.record(side)
@@ -108,3 +118,7 @@ def release(entry: Any) -> None:
 
 def _leaves(out: Any) -> list:
     return torch.utils._pytree.tree_leaves(out)
+
+
+def _is_host(x: Any) -> bool:
+    return type(x) is _Host
