@@ -1,0 +1,211 @@
+"""Compiled flex attention inside selective checkpointing: no AC, full AC, torch's SAC and sac2's SAC.
+
+A small llama-style model with ``torch.compile(flex_attention)`` and a document-causal block mask trains a few
+steps per mode. Both SAC modes save mm and attention; torch's policy cannot see the compiled flex kernel, so it
+re-runs flex in backward, while sac2 runs flex in a named ``sac2.region`` that its policy saves. Per mode it
+prints the median step time, its ratio to no AC, peak memory, whether flex ran compiled (torch's unfused-path
+warning never appeared) and how many times per step flex ran again in backward.
+
+    python benchmarks/gpu_flex_sac.py --json flex.json          # GPU, well under 4 minutes on one H200
+    python benchmarks/gpu_flex_sac.py --device cpu --smoke      # forward only, tiny: what the test suite runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from functools import cache, partial
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as tuc
+from torch import nn
+from torch.nn.attention import flex_attention as flex_module
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+
+import sac2
+
+__all__ = ["Config", "MODES", "run", "main"]
+
+MODES = ("no_ac", "full_ac", "torch_sac", "sac2_sac")
+_UNFUSED_WARNING = "flex_attention_performance"  # torch's id for "flex_attention called without torch.compile()"
+
+
+@dataclass(frozen=True)
+class Config:
+    dim: int
+    n_layers: int
+    n_heads: int
+    seq_len: int
+    batch: int
+    vocab: int
+    n_docs: int
+    warmup: int
+    steps: int
+
+
+GPU = Config(dim=1024, n_layers=8, n_heads=16, seq_len=4096, batch=2, vocab=8192, n_docs=8, warmup=3, steps=10)
+SMOKE = Config(dim=64, n_layers=2, n_heads=4, seq_len=128, batch=1, vocab=128, n_docs=3, warmup=0, steps=1)
+
+
+@cache
+def _compiled_flex(backend: str) -> Callable:
+    return torch.compile(flex_attention, backend=backend)  # one per process: every mode reuses its compilation
+
+
+class Attend:
+    """Compiled flex attention that counts its calls, so a run can tell how often backward re-ran it."""
+
+    def __init__(self, backend: str) -> None:
+        self.flex = _compiled_flex(backend)
+        self.calls = 0
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
+        self.calls += 1
+        return self.flex(q, k, v, block_mask=block_mask)
+
+
+class Block(nn.Module):
+    """Pre-norm attention (fused QKV, flex attention) and pre-norm SwiGLU MLP, each with a residual."""
+
+    def __init__(self, cfg: Config, attend: Callable) -> None:
+        super().__init__()
+        self.n_heads, self.attend = cfg.n_heads, attend
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.o = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        self.up = nn.Linear(cfg.dim, 2 * 4 * cfg.dim, bias=False)
+        self.down = nn.Linear(4 * cfg.dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(F.rms_norm(x, (d,))).view(b, s, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        x = x + self.o(self.attend(q, k, v, block_mask).transpose(1, 2).reshape(b, s, d))
+        gate, up = self.up(F.rms_norm(x, (d,))).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: Config, attend: Callable, run_block: Callable) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab, cfg.dim)
+        self.blocks = nn.ModuleList(Block(cfg, attend) for _ in range(cfg.n_layers))
+        self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
+        self.run_block = run_block
+
+    def forward(self, tokens: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = self.run_block(block, x, block_mask)
+        return self.head(F.rms_norm(x, (x.shape[-1],)))
+
+
+def document_causal_mask(cfg: Config, device: torch.device) -> BlockMask:
+    """Causal attention within each of ``cfg.n_docs`` documents of random lengths packed into one sequence."""
+    g = torch.Generator().manual_seed(0)
+    cuts = torch.randperm(cfg.seq_len - 1, generator=g)[: cfg.n_docs - 1] + 1
+    doc = torch.zeros(cfg.seq_len, dtype=torch.long)
+    doc[cuts] = 1
+    doc = doc.cumsum(0).to(device)
+
+    def mask_mod(b, h, q, kv):
+        return (doc[q] == doc[kv]) & (q >= kv)
+
+    return create_block_mask(mask_mod, None, None, cfg.seq_len, cfg.seq_len, device=str(device))
+
+
+def _block_runner(mode: str) -> Callable:
+    aten = torch.ops.aten
+    if mode == "no_ac":
+        return lambda block, x, mask: block(x, mask)
+    if mode == "full_ac":
+        return lambda block, x, mask: tuc.checkpoint(block, x, mask, use_reentrant=False)
+    if mode == "torch_sac":
+        ops = [aten.mm.default, torch.ops.higher_order.flex_attention]
+        contexts = partial(tuc.create_selective_checkpoint_contexts, ops)
+        return lambda block, x, mask: tuc.checkpoint(block, x, mask, use_reentrant=False, context_fn=contexts)
+    ops = [aten.mm.default, torch.ops.higher_order.flex_attention, sac2.Region("attn")]
+    contexts = partial(sac2.create_selective_checkpoint_contexts, ops)
+    return lambda block, x, mask: sac2.checkpoint(block, x, mask, context_fn=contexts)
+
+
+def run(mode: str, cfg: Config, device: torch.device, smoke: bool) -> dict[str, Any]:
+    """Train ``cfg.warmup + cfg.steps`` steps under ``mode`` (forward only if ``smoke``) and measure them."""
+    torch.manual_seed(0)
+    counter = Attend("eager" if smoke else "inductor")  # smoke: dynamo still compiles the frame, no codegen
+    attend = sac2.region(counter, name="attn") if mode == "sac2_sac" else counter
+    model = Model(cfg, attend, _block_runner(mode)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    mask = document_causal_mask(cfg, device)
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=device)
+    cuda = device.type == "cuda"
+    times, reruns = [], []
+    flex_module._WARNINGS_SHOWN.discard(_UNFUSED_WARNING)  # torch warns once per process; we ask per mode
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        for step in range(cfg.warmup + cfg.steps):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            if smoke:
+                with torch.no_grad():  # compiled flex has no CPU backward
+                    model(tokens[:, :-1], mask)
+            else:
+                logits = model(tokens[:, :-1], mask)
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+                forward_calls = counter.calls
+                loss.backward()
+                reruns.append(counter.calls - forward_calls)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            if cuda:
+                torch.cuda.synchronize(device)
+            if step >= cfg.warmup:
+                times.append(time.perf_counter() - start)
+    unfused = any("flex_attention called without torch.compile" in str(w.message) for w in caught)
+    return {
+        "mode": mode,
+        "step_ms": statistics.median(times) * 1e3,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+        "flex_compiled": not unfused,
+        "flex_reruns_per_step": reruns[-1] if reruns else None,
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    base = rows[0]["step_ms"]
+    lines = [f"{'mode':<10} {'step ms':>9} {'x no AC':>8} {'peak GiB':>9} {'flex compiled':>14} {'flex re-runs':>13}"]
+    for r in rows:
+        mem = "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"
+        rerun = "-" if r["flex_reruns_per_step"] is None else str(r["flex_reruns_per_step"])
+        lines.append(
+            f"{r['mode']:<10} {r['step_ms']:>9.1f} {r['step_ms'] / base:>8.2f} {mem:>9} "
+            f"{str(r['flex_compiled']):>14} {rerun:>13}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, forward only, one step per mode")
+    parser.add_argument("--json", help="write the table to this JSON file")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    cfg = SMOKE if args.smoke else GPU
+    rows = [run(mode, cfg, device, args.smoke) for mode in MODES]
+    print(_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": cfg.__dict__, "device": str(device), "rows": rows}, f, indent=2)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
