@@ -172,20 +172,34 @@ def compiled_callable_key(args: tuple) -> tuple[int, str | None]:
     return fn.idx, fn.compile_region_name
 
 
+_triton_writes: dict[tuple, list[str]] = {}
+
+
 def triton_written_args(kwargs: dict) -> list[str]:
     """Names of the tensor kwargs a ``triton_kernel_wrapper_mutation`` call writes into.
 
     Uses torch's own kernel analysis; if that analysis fails, every tensor kwarg counts as written.
     """
-    from torch._higher_order_ops.triton_kernel_wrap import get_mutated_tensors
+    from torch._higher_order_ops.triton_kernel_wrap import get_mutated_tensors, kernel_side_table
 
     inner = kwargs["kwargs"]
-    try:
-        return get_mutated_tensors(
-            kwargs["kernel_idx"], kwargs["constant_args_idx"], inner, kwargs.get("tma_descriptor_metadata", {})
-        )
-    except Exception:  # the analysis is best effort upstream too; fall back to the safe superset
-        return [k for k, v in inner.items() if isinstance(v, torch.Tensor)]
+    tma = kwargs.get("tma_descriptor_metadata", {})
+    # The analysis compiles the kernel to TTIR: cache it per kernel, constants, scalar values and tensor names
+    # (by value: torch reuses side-table indices after resetting the table).
+    key = (
+        kernel_side_table.get_kernel(kwargs["kernel_idx"]),
+        repr(kernel_side_table.get_constant_args(kwargs["constant_args_idx"])),
+        tuple((k, None if isinstance(v, torch.Tensor) else repr(v)) for k, v in inner.items()),
+        repr(tma),
+    )
+    names = _triton_writes.get(key)
+    if names is None:
+        try:
+            names = get_mutated_tensors(kwargs["kernel_idx"], kwargs["constant_args_idx"], inner, tma)
+        except Exception:  # the analysis is best effort upstream too; fall back to the safe superset
+            names = [k for k, v in inner.items() if isinstance(v, torch.Tensor)]
+        _triton_writes[key] = names
+    return names
 
 
 def default_generator(device: torch.device) -> torch.Generator:

@@ -22,7 +22,17 @@ from torch.utils._pytree import tree_leaves
 
 from sac2 import _compat
 
-__all__ = ["Region", "KEYED_OPS", "op_key", "region_of", "tensor_versions", "writes_of", "locate", "is_random"]
+__all__ = [
+    "Region",
+    "KEYED_OPS",
+    "op_key",
+    "region_of",
+    "tensor_versions",
+    "writes_of",
+    "unversioned_writes",
+    "locate",
+    "is_random",
+]
 
 
 class Region:
@@ -156,6 +166,16 @@ def writes_of(
         return written if {id(t) for _, t in written} == changed else None
     if out is None and before:
         return None  # returns nothing yet takes tensors: it can only have written somewhere we cannot see
+    return []
+
+
+def unversioned_writes(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensors a HOP call wrote without bumping their version (a Triton kernel writes raw memory).
+
+    Version counters cannot show such a write to a saved tensor, so the caller must compare storages.
+    """
+    if func is _compat.TRITON_MUTATION:
+        return [kwargs["kwargs"][name] for name in _compat.triton_written_args(kwargs)]
     return []
 
 

@@ -159,6 +159,8 @@ class CachingMode(TorchDispatchMode):
             before = hops.tensor_versions(args, kwargs)
             out = func(*args, **kwargs)
             key = func if kind == _HOP else hops.op_key(func, args)
+            if self.record.saved_at:
+                self._mark_overwritten(hops.unversioned_writes(func, args, kwargs))
         log = self.record.log
         if self._save_ids is not None:
             save = id(func) in self._save_ids or (kind == _KEYED and hops.region_of(func, args) in self._save_ops)
@@ -208,6 +210,16 @@ class CachingMode(TorchDispatchMode):
         # In-place ops get their version bump from autograd after this returns: read versions at the next op.
         self._pending = entry
         return entry
+
+    def _mark_overwritten(self, written: list[Tensor]) -> None:
+        """Saved entries whose storage a HOP just wrote without a version bump are stale, like a version change."""
+        if not written:
+            return
+        ptrs = {t.untyped_storage().data_ptr() for t in written}
+        for i in self.record.saved_at:
+            entry = self.record.log[i]
+            if any(t.untyped_storage().data_ptr() in ptrs for t in entry.tensors):
+                entry.versions = [-1] * len(entry.tensors)  # modified() now reads True
 
     def _flush(self) -> None:
         self._pending.record_versions()

@@ -120,9 +120,18 @@ def _exp_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offsets, tl.exp(tl.load(x_ptr + offsets, mask=mask)), mask=mask)
 
 
-_KERNEL = kernel_side_table.add_kernel(_exp_kernel)
-_CONSTANTS = kernel_side_table.add_constant_args({"BLOCK": 128})
-_LAUNCH = dict(kernel_idx=_KERNEL, constant_args_idx=_CONSTANTS, grid=[(1, 1, 1)], tma_descriptor_metadata={})
+_LAUNCH: dict[str, Any] = {}
+
+
+@pytest.fixture(autouse=True)
+def _exp_kernel_launch():
+    """Register the kernel per test: ``torch._dynamo.reset()`` (other tests, the compiled fixture) empties the table."""
+    _LAUNCH.update(
+        kernel_idx=kernel_side_table.add_kernel(_exp_kernel),
+        constant_args_idx=kernel_side_table.add_constant_args({"BLOCK": 128}),
+        grid=[(1, 1, 1)],
+        tma_descriptor_metadata={},
+    )
 
 #: Every buffer a kernel wrote in a test, kept alive so the allocator cannot hand a recompute's ``empty_like`` a
 #: block that still holds the right values (which would hide a skipped kernel).
@@ -169,6 +178,39 @@ def triton_exp_chain(x):
 @pytest.mark.parametrize("mode", MODES)
 def test_triton_kernel_wrapper_mutation_gradients_equal_uncheckpointed(mode):
     check_checkpointed(triton_exp_chain, (_x(100),), triton_kernel_wrapper_mutation, mode)
+
+
+class TritonExpTwice(torch.autograd.Function):
+    """Two kernels into one buffer: ``exp`` into ``out``, then ``exp`` of ``out`` in place (no version bump)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.empty_like(x)
+        triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": x, "out_ptr": out, "n": x.numel()})
+        triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": out, "out_ptr": out, "n": x.numel()})
+        _written.append(out)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return grad * out
+
+
+def test_saved_kernel_whose_buffer_a_later_kernel_rewrites_is_recomputed_with_one_warning():
+    x = _x(100)
+    fn = lambda x: TritonExpTwice.apply(x * 0.1) * x  # noqa: E731
+    expected = _grads(fn(x), (x,))[0]
+    kernels = iter([True, False])  # save the first kernel, recompute the second
+
+    def policy(ctx, op, *args, **kwargs):
+        return op is triton_kernel_wrapper_mutation and next(kernels)
+
+    with pytest.warns(UserWarning, match="saves triton_kernel_wrapper_mutation .* modified in place later") as caught:
+        out = sac2.checkpoint(fn, x, context_fn=lambda: sac2.create_selective_checkpoint_contexts(policy))
+        assert torch.equal(_grads(out, (x,))[0], expected)
+    assert len([w for w in caught if str(w.message).startswith("sac2")]) == 1
 
 
 @pytest.mark.xfail(
