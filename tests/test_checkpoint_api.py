@@ -1,0 +1,213 @@
+"""The drop-in API: sac2's checkpoint and contexts accept what torch's accept and mean the same."""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as tuc
+from expecttest import TestCase
+
+import sac2
+
+aten = torch.ops.aten
+_executions = {"counted_neg": 0}
+
+
+@torch.library.custom_op("sac2_test_api::counted_neg", mutates_args=())
+def counted_neg(x: torch.Tensor) -> torch.Tensor:
+    """-x that counts how often it really runs; its backward needs no saved tensor."""
+    _executions["counted_neg"] += 1
+    return -x
+
+
+counted_neg.register_autograd(lambda ctx, grad: -grad)
+COUNTED = torch.ops.sac2_test_api.counted_neg.default
+
+
+def _x(*shape: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(*(shape or (3, 3)), generator=g, dtype=torch.float64).requires_grad_()
+
+
+def _contexts(policy: Any) -> Callable:
+    return partial(sac2.create_selective_checkpoint_contexts, policy)
+
+
+def _neg_then_exp(a: torch.Tensor) -> torch.Tensor:
+    return counted_neg(torch.mm(a, a)).exp()  # exp keeps its output: counted_neg must run again or be served
+
+
+def _exp_then_neg(a: torch.Tensor) -> torch.Tensor:
+    return counted_neg(torch.mm(a, a).exp())  # nothing after exp is needed in backward
+
+
+def _runs(fn: Callable, **checkpoint_kwargs: Any) -> int:
+    """How often counted_neg runs in a checkpointed forward + backward of ``fn``."""
+    _executions["counted_neg"] = 0
+    sac2.checkpoint(fn, _x(), **checkpoint_kwargs).sum().backward()
+    return _executions["counted_neg"]
+
+
+def _grad(call: Callable, fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    call(fn, x).sum().backward()
+    return x.grad
+
+
+def _plain(fn: Callable, x: torch.Tensor) -> torch.Tensor:
+    return fn(x)
+
+
+def test_checkpoint_policy_is_torchs() -> None:
+    assert sac2.CheckpointPolicy is tuc.CheckpointPolicy
+    assert sac2.SelectiveCheckpointContext is tuc.SelectiveCheckpointContext
+
+
+SAVING = [
+    tuc.CheckpointPolicy.MUST_SAVE,
+    tuc.CheckpointPolicy.PREFER_SAVE,
+    tuc.CheckpointPolicy.MUST_CPU_OFFLOAD,
+    tuc.CheckpointPolicy.PREFER_CPU_OFFLOAD,
+    True,
+]
+RECOMPUTING = [tuc.CheckpointPolicy.MUST_RECOMPUTE, tuc.CheckpointPolicy.PREFER_RECOMPUTE, False]
+
+
+def _answer_for_counted(value: Any) -> Callable:
+    def policy(ctx, op, *args, **kwargs):
+        return value if op is COUNTED else tuc.CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+@pytest.mark.parametrize("value", SAVING, ids=str)
+def test_saving_policy_value_serves_op_in_recompute(value: Any) -> None:
+    assert _runs(_neg_then_exp, context_fn=_contexts(_answer_for_counted(value))) == 1
+
+
+@pytest.mark.parametrize("value", RECOMPUTING, ids=str)
+def test_recomputing_policy_value_reruns_op(value: Any) -> None:
+    assert _runs(_neg_then_exp, context_fn=_contexts(_answer_for_counted(value))) == 2
+
+
+def test_list_policy_given_as_tuple_saves_its_ops() -> None:
+    assert _runs(_neg_then_exp, context_fn=_contexts((COUNTED,))) == 1
+
+
+def test_ctx_op_output_is_the_ops_output() -> None:
+    seen: list[tuple[Any, Any]] = []
+
+    def policy(ctx, op, *args, **kwargs):
+        seen.append((op, ctx.op_output))
+        return False
+
+    x = _x()
+    sac2.checkpoint(lambda a: torch.mm(a, a).sin(), x, context_fn=_contexts(policy))
+    with torch.no_grad():
+        mm = torch.mm(x, x)
+    assert [op for op, _ in seen] == [aten.mm.default, aten.sin.default]
+    assert torch.equal(seen[0][1], mm)
+    assert torch.equal(seen[1][1], mm.sin())
+
+
+def test_policy_is_called_in_forward_only() -> None:
+    calls: list[bool] = []
+
+    def policy(ctx, op, *args, **kwargs):
+        calls.append(ctx.is_recompute)
+        return False
+
+    y = sac2.checkpoint(_neg_then_exp, _x(), context_fn=_contexts(policy))
+    assert calls == [False] * 3  # mm, counted_neg, exp
+    y.sum().backward()
+    assert calls == [False] * 3
+
+
+def test_use_reentrant_none_means_false_without_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _runs(_neg_then_exp, use_reentrant=None, context_fn=_contexts([COUNTED])) == 1
+
+
+class TestReentrant(TestCase):
+    def test_with_context_fn_raises(self) -> None:
+        with self.assertRaises(ValueError) as cm:
+            sac2.checkpoint(_neg_then_exp, _x(), use_reentrant=True, context_fn=_contexts([COUNTED]))
+        self.assertExpectedInline(str(cm.exception), """sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective policy; drop use_reentrant (sac2 defaults to False) to use context_fn.""")
+
+    def test_without_context_fn_gives_equal_gradients(self) -> None:
+        expected = _grad(_plain, _neg_then_exp, _x())
+        actual = _grad(partial(sac2.checkpoint, use_reentrant=True), _neg_then_exp, _x())
+        assert torch.equal(actual, expected)
+
+
+def _dropout(a: torch.Tensor) -> torch.Tensor:
+    return F.dropout(torch.mm(a, a), p=0.5, training=True).sin()
+
+
+def _seeded_grad(call: Callable) -> torch.Tensor:
+    torch.manual_seed(0)
+    return _grad(call, _dropout, _x())
+
+
+def test_preserve_rng_state_true_replays_dropout_mask() -> None:
+    call = partial(sac2.checkpoint, preserve_rng_state=True, context_fn=_contexts([]))
+    assert torch.equal(_seeded_grad(call), _seeded_grad(_plain))
+
+
+def test_preserve_rng_state_false_draws_a_new_dropout_mask() -> None:
+    call = partial(sac2.checkpoint, preserve_rng_state=False, context_fn=_contexts([]))
+    assert not torch.equal(_seeded_grad(call), _seeded_grad(_plain))
+
+
+def test_determinism_check_none_gives_equal_gradients() -> None:
+    call = partial(sac2.checkpoint, determinism_check="none", context_fn=_contexts([aten.mm.default]))
+    assert torch.equal(_grad(call, _neg_then_exp, _x()), _grad(_plain, _neg_then_exp, _x()))
+
+
+def test_early_stop_skips_ops_after_the_last_needed_one() -> None:
+    assert _runs(_exp_then_neg, context_fn=_contexts([])) == 1
+
+
+def test_early_stop_false_recomputes_the_whole_function() -> None:
+    assert _runs(_exp_then_neg, early_stop=False, context_fn=_contexts([])) == 2
+
+
+def test_debug_without_context_fn_gives_equal_gradients() -> None:
+    call = partial(sac2.checkpoint, debug=True)
+    assert torch.equal(_grad(call, _neg_then_exp, _x()), _grad(_plain, _neg_then_exp, _x()))
+
+
+class TestDebug(TestCase):
+    def test_with_context_fn_raises_torchs_error(self) -> None:
+        with self.assertRaises(ValueError) as cm:
+            sac2.checkpoint(_neg_then_exp, _x(), debug=True, context_fn=_contexts([COUNTED]))
+        self.assertExpectedInline(str(cm.exception), """debug=True is incompatible with non-default context_fn""")
+
+
+@pytest.mark.parametrize("policy", [[], [aten.mm.default]], ids=["save_nothing", "save_mm"])
+def test_autocast_state_is_kept_in_recompute(policy: list) -> None:
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        return torch.mm(torch.mm(a, a).sin(), a).float().exp()
+
+    def autocast(call: Callable) -> Callable:
+        def run(f: Callable, x: torch.Tensor) -> torch.Tensor:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return call(f, x)
+
+        return run
+
+    x_ref, x = _x().float().detach().requires_grad_(), _x().float().detach().requires_grad_()
+    expected = _grad(autocast(_plain), fn, x_ref)
+    actual = _grad(autocast(partial(sac2.checkpoint, context_fn=_contexts(policy))), fn, x)
+    assert torch.equal(actual, expected)
+
+
+def test_modes_do_not_subclass_torchs_private_sac_modes() -> None:
+    caching, replay = sac2.create_selective_checkpoint_contexts([])
+    for mode in (caching, replay):
+        assert not isinstance(mode, (tuc._CachingTorchDispatchMode, tuc._CachedTorchDispatchMode))
