@@ -32,6 +32,7 @@ __all__ = ["Record", "CachingMode", "ReplayMode", "Saved"]
 Tensor = torch.Tensor
 _SAVING = frozenset(p for p in CheckpointPolicy if is_save(p))
 _detach = _compat.detach_keeping_version
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _warned: set[str] = set()
 
 # What kind of op a dispatched func is, cached by id(): OpOverload.__hash__ is Python code and the per-op path
@@ -155,6 +156,8 @@ class CachingMode(TorchDispatchMode):
             before = None
             out = func._op(*args, **kwargs)  # what OpOverload.__call__ does, minus a Python frame
             key = func
+            if func is _UNSAFE_VIEW and self.record.saved_at:
+                self._watch_alias(args[0], out)
         else:
             before = hops.tensor_versions(args, kwargs)
             out = func(*args, **kwargs)
@@ -220,6 +223,16 @@ class CachingMode(TorchDispatchMode):
             entry = self.record.log[i]
             if any(t.untyped_storage().data_ptr() in ptrs for t in entry.tensors):
                 entry.versions = [-1] * len(entry.tensors)  # modified() now reads True
+
+    def _watch_alias(self, base: Tensor, alias: Tensor) -> None:
+        """``_unsafe_view`` (matmul's 3-D @ 2-D result) shares its input's storage but not its version counter: a
+        saved entry holding that storage watches the alias too, so a write through it marks the entry stale."""
+        ptr = base.untyped_storage().data_ptr()
+        for i in self.record.saved_at:
+            entry = self.record.log[i]
+            if any(t.untyped_storage().data_ptr() == ptr for t in entry.tensors):
+                entry.tensors.append(_detach(alias))
+                entry.versions.append(alias._version)
 
     def _flush(self) -> None:
         self._pending.record_versions()
