@@ -138,6 +138,7 @@ class CachingMode(TorchDispatchMode):
         self._save_ids = None if self._save_ops is None else frozenset(map(id, self._save_ops))
         self._ctx = SelectiveCheckpointContext(is_recompute=False)
         self._pending: Saved | None = None
+        self._policy_error: TypeError | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
@@ -176,7 +177,7 @@ class CachingMode(TorchDispatchMode):
             elif type(value) is bool:
                 save = value
             else:
-                decide(value, func, len(log))  # raises, naming the op and the value
+                self._bad_policy(value, func, len(log))
         if save and isinstance(func, torch._ops.OpOverload) and func.is_view:
             # A view's output aliases its input: serving forward's alias would tie recompute to forward's storage
             # (wrong gradients once anything writes through it); re-running the view on the replayed input is free.
@@ -213,6 +214,15 @@ class CachingMode(TorchDispatchMode):
         # In-place ops get their version bump from autograd after this returns: read versions at the next op.
         self._pending = entry
         return entry
+
+    def _bad_policy(self, value: Any, op: Any, call_index: int) -> None:
+        """Raise the TypeError for a policy value, remembering it: Tensor operators (``a * b``) turn a TypeError
+        raised inside them into "unsupported operand type(s)", so ``__exit__`` raises it again if it was lost."""
+        try:
+            decide(value, op, call_index)
+        except TypeError as error:
+            self._policy_error = error
+            raise
 
     def _mark_overwritten(self, written: list[Tensor]) -> None:
         """Saved entries whose storage a HOP just wrote without a version bump are stale, like a version change."""
@@ -268,6 +278,9 @@ class CachingMode(TorchDispatchMode):
         finally:
             super().__exit__(exc_type, exc, tb)
             _compat.sync_dispatch_flags(-1)
+        error, self._policy_error = self._policy_error, None
+        if error is not None and exc is not error:
+            raise error
 
     def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         """A ``sac2.region`` call, one op for the policy, decided before it runs (``ctx.op_output`` is None).
@@ -282,7 +295,10 @@ class CachingMode(TorchDispatchMode):
             save = key in self._save_ops
         else:
             self._ctx.op_output = None
-            save = is_save(decide(self.policy_fn(self._ctx, key, *args, **kwargs), key, len(log)))
+            value = self.policy_fn(self._ctx, key, *args, **kwargs)
+            if type(value) is not CheckpointPolicy and type(value) is not bool:
+                self._bad_policy(value, key, len(log))
+            save = is_save(decide(value, key, len(log)))
         if not save:
             out = run(*args, **kwargs)
             log.append(key)
