@@ -31,6 +31,7 @@ __all__ = [
     "compiled_callable_key",
     "triton_written_args",
     "default_generator",
+    "allocation_sizes",
     "CheckpointImpl",
     "register_activation_wrapper",
     "wrap_policy_targets",
@@ -209,6 +210,14 @@ def default_generator(device: torch.device) -> torch.Generator:
     module = torch.get_device_module(device.type)
     index = device.index if device.index is not None else module.current_device()
     return module.default_generators[index]
+
+
+def allocation_sizes(prof: torch.profiler.profile) -> list[int]:
+    """Signed sizes of the allocations (+) and frees (-) a finished ``profile_memory=True`` profiler recorded,
+    in time order."""
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    return [e.nbytes() for e in events]
 
 
 # --- module wrappers (sac2.wrappers) ---

@@ -1,8 +1,8 @@
 """``python -m sac2 bench``: train a small llama-style model under each checkpointing mode and compare them.
 
-Modes: no checkpointing, full checkpointing, torch's stock SAC and sac2's SAC under the default LLM policy, and
-every other sac2 policy in ``SAC2_POLICIES`` whose module is present. Every mode trains its own copy of one model
-on the same batches; the modes take turns step by step in one process (in a rotating order), so drift in machine
+Modes: no checkpointing, full checkpointing, torch's stock SAC and sac2's SAC under the default LLM policy
+(``sac2.policies.llm()``), and every other sac2 policy in ``SAC2_POLICIES`` whose module is present. Every mode
+trains its own copy of one model on the same batches; the modes take turns step by step in one process (in a rotating order), so drift in machine
 speed hits all of them alike. Step 0 of each mode measures memory (``sac2.memory``) and is not timed. After every
 step, each mode's loss and gradients are compared with ``torch.equal`` to the no-checkpointing run's.
 """
@@ -27,6 +27,7 @@ from torch import nn
 import sac2
 from sac2.memory import measure_step
 from sac2.models import CONFIGS, Transformer, random_tokens
+from sac2.policies import llm
 
 __all__ = ["SAC2_POLICIES", "Result", "run", "format_table", "main"]
 
@@ -49,17 +50,6 @@ SAC2_POLICIES: dict[str, tuple[str, str, Callable[[Callable[..., Any], nn.Module
     "sac2 budget 0.5": ("sac2.policies.budget", "memory_budget", _budget(0.5)),
     "sac2 budget 0.7": ("sac2.policies.budget", "memory_budget", _budget(0.7)),
 }
-
-
-def _default_policy() -> Any:
-    """The default LLM preset, or, where ``sac2.policies`` is absent, its core: save matmuls and attention."""
-    try:
-        return importlib.import_module("sac2.policies").llm()
-    except (ImportError, AttributeError):
-        aten = torch.ops.aten
-        return [aten.mm.default, aten.addmm.default, aten.bmm.default,
-                aten._scaled_dot_product_flash_attention_for_cpu.default,
-                aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default]
 
 
 def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +88,7 @@ class Result:
 
 def _modes(model: Transformer, x: torch.Tensor, notes: list[str]) -> list[tuple[str, str, RunBlock]]:
     """(row name, policy description, how to run a block) for every mode, no checkpointing first."""
-    default = _default_policy()
+    default = llm()
     modes = [
         ("none", "-", _no_checkpoint),
         ("full", "recompute all", _full),

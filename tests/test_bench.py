@@ -89,3 +89,29 @@ class TestCommandLine(TestCase):
             cli_main(["bench", "--help"])
         self.assertEqual(exit.exception.code, 0)
         self.assertIn("usage: sac2 bench", stdout.getvalue())
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class TestProgressBar(TestCase):
+    def test_draws_on_a_terminal(self):
+        err = _Terminal()
+        with contextlib.redirect_stderr(err):
+            progress = bench._Progress(2)
+            progress.step()
+            progress.step()
+        self.assertExpectedInline(
+            err.getvalue().replace("\r", "|"),
+            """\
+|[###############...............] 1/2|[##############################] 2/2
+""",
+        )
+
+    def test_stays_silent_when_stderr_is_not_a_terminal(self):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            bench._Progress(1).step()
+        self.assertEqual(err.getvalue(), "")
