@@ -198,9 +198,10 @@ def _plot(results: Sequence[Result], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 5))
-    for r in results:
-        ax.scatter(r.median_s * 1e3, r.kept_bytes / 2**20)
-        ax.annotate(r.name, (r.median_s * 1e3, r.kept_bytes / 2**20), textcoords="offset points", xytext=(4, 4))
+    markers = "os^vD<>pP*Xh"
+    for i, r in enumerate(results):  # a legend, not labels next to points: modes often land on top of each other
+        ax.scatter(r.median_s * 1e3, r.kept_bytes / 2**20, label=r.name, marker=markers[i % len(markers)])
+    ax.legend(fontsize="small")
     ax.set_xlabel("median step time (ms)")
     ax.set_ylabel("activation memory kept for backward (MiB)")
     ax.set_title(title)
