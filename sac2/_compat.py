@@ -30,6 +30,8 @@ __all__ = [
     "TRITON_MUTATION",
     "compiled_callable_key",
     "triton_written_args",
+    "backward_keeps_graph",
+    "skip_dynamo",
     "default_generator",
     "allocation_sizes",
     "CheckpointImpl",
@@ -112,6 +114,23 @@ _flags_of_thread: dict[int, tuple[bool, bool, bool]] = {}  # threads inside sac2
 _sac2_depth = threading.local()
 
 
+_class_flags: dict[type, tuple[bool, bool]] = {}
+
+
+def _own_dispatch_flags() -> tuple[bool, bool, bool]:
+    """What this thread's own mode stack needs the three flags to be (runs at every sac2 mode enter and exit)."""
+    n = _pd._len_torch_dispatch_stack()
+    non_infra = not_ignoring = False
+    for i in range(n):
+        cls = type(_pd._get_dispatch_stack_at(i))
+        flags = _class_flags.get(cls)
+        if flags is None:  # both are classmethods: ask once per mode class
+            flags = _class_flags[cls] = (not cls.is_infra_mode(), not cls.ignore_compile_internals())
+        non_infra |= flags[0]
+        not_ignoring |= flags[1]
+    return n > 0, non_infra, not_ignoring
+
+
 def sync_dispatch_flags(depth_change: int = 0) -> None:
     """Set torch's process-wide "inside a dispatch mode" flags to what every thread inside sac2 needs.
 
@@ -122,12 +141,7 @@ def sync_dispatch_flags(depth_change: int = 0) -> None:
     False while it has a mode that needs True (compiled-region wrapping keys off it), and the flags drop back once
     the last thread leaves. ``depth_change`` is +1 when the caller enters a sac2 mode, -1 when it leaves one.
     """
-    modes = dispatch_mode_stack()
-    own = (
-        bool(modes),
-        any(not m.is_infra_mode() for m in modes),
-        any(not m.ignore_compile_internals() for m in modes),
-    )
+    own = _own_dispatch_flags()
     depth = getattr(_sac2_depth, "n", 0) + depth_change
     _sac2_depth.n = depth
     tid = threading.get_ident()
@@ -201,6 +215,22 @@ def triton_written_args(kwargs: dict) -> list[str]:
             names = [k for k, v in inner.items() if isinstance(v, torch.Tensor)]
         _triton_writes[key] = names
     return names
+
+
+def backward_keeps_graph() -> bool:
+    """Whether the running backward was asked to keep its graph (``retain_graph=True``): then a later backward
+    can recompute the same region again, so what recompute serves must stay in the record."""
+    return torch._C._autograd._get_current_graph_task_keep_graph()
+
+
+def skip_dynamo(fn: Callable) -> Callable:
+    """Never let dynamo trace ``fn`` or what it calls: what ``torch._disable_dynamo(recursive=True)`` does for a
+    dispatch mode's ``__torch_dispatch__``, marked on the code object instead of a wrapper frame on every call
+    (that wrapper costs about a microsecond per op on sac2's hottest path)."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    return fn
 
 
 def default_generator(device: torch.device) -> torch.Generator:

@@ -28,6 +28,7 @@ __all__ = [
     "op_key",
     "region_of",
     "tensor_versions",
+    "schema_writes",
     "writes_of",
     "unversioned_writes",
     "locate",
@@ -92,19 +93,20 @@ def locate(args: tuple, kwargs: dict, path: Path) -> Any:
     return obj
 
 
-_schema_writes: dict[Any, tuple[Path, ...]] = {}
+_schema_writes: dict[int, tuple[Any, tuple[Path, ...]]] = {}
 
 
-def _schema_write_paths(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[Path, ...]:
-    paths = _schema_writes.get(func)
-    if paths is None:
+def schema_writes(func: torch._ops.OpOverload) -> tuple[Path, ...]:
+    """Where an OpOverload's schema says it writes (``Tensor(a!)`` arguments), cached per op by id()."""
+    hit = _schema_writes.get(id(func))
+    if hit is None:
         paths = tuple(
             ("k", a.name) if a.kwarg_only else ("a", i)
             for i, a in enumerate(func._schema.arguments)
             if a.alias_info is not None and a.alias_info.is_write
         )
-        _schema_writes[func] = paths
-    return paths
+        hit = _schema_writes[id(func)] = (func, paths)  # holding func keeps its id from being reused
+    return hit[1]
 
 
 def _expand(args: tuple, kwargs: dict, paths: tuple[Path, ...]) -> list[tuple[Path, torch.Tensor]]:
@@ -153,7 +155,7 @@ def writes_of(
     OpOverloads, whose schema says what they write).
     """
     if isinstance(func, torch._ops.OpOverload):
-        paths = _schema_write_paths(func, args, kwargs)
+        paths = schema_writes(func)
         return _expand(args, kwargs, paths) if paths else []
     if func is _compat.TRITON_MUTATION:
         return [(("k", "kwargs", name), kwargs["kwargs"][name]) for name in _compat.triton_written_args(kwargs)]
@@ -179,13 +181,13 @@ def unversioned_writes(func: Any, args: tuple, kwargs: dict) -> list[torch.Tenso
     return []
 
 
-_random: dict[Any, bool] = {}
+_random: dict[int, tuple[Any, bool]] = {}
 
 
 def is_random(func: Any) -> bool:
     """Whether an op draws from a random generator (torch tags such ops ``nondeterministic_seeded``)."""
-    r = _random.get(func)
-    if r is None:
+    hit = _random.get(id(func))
+    if hit is None:
         r = isinstance(func, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in func.tags
-        _random[func] = r
-    return r
+        hit = _random[id(func)] = (func, r)  # holding func keeps its id from being reused
+    return hit[1]

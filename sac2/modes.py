@@ -37,7 +37,7 @@ _warned: set[str] = set()
 
 # What kind of op a dispatched func is, cached by id(): OpOverload.__hash__ is Python code and the per-op path
 # must stay at one dict lookup. Classified ops are kept alive so their ids stay theirs.
-_PLAIN, _IGNORE, _HOP, _KEYED = 0, 1, 2, 3
+_PLAIN, _VIEW, _IGNORE, _HOP, _KEYED = 0, 1, 2, 3, 4
 _kinds: dict[int, int] = {}
 _classified: list[Any] = []
 
@@ -48,7 +48,9 @@ def _classify(func: Any) -> int:
     elif func in hops.KEYED_OPS:
         kind = _KEYED
     elif isinstance(func, torch._ops.OpOverload):
-        kind = _PLAIN
+        # A view's output aliases its input: serving forward's alias would tie recompute to forward's storage
+        # (wrong gradients once anything writes through it); re-running a view on its replayed input is free.
+        kind = _VIEW if func.is_view else _PLAIN
     else:
         kind = _HOP
     _kinds[id(func)] = kind
@@ -83,7 +85,10 @@ class Saved:
         self.versions = [t._version for t in self.tensors]
 
     def modified(self) -> bool:
-        return any(t._version != v for t, v in zip(self.tensors, self.versions))
+        for t, v in zip(self.tensors, self.versions):
+            if t._version != v:
+                return True
+        return False
 
 
 class Record:
@@ -129,10 +134,15 @@ class CachingMode(TorchDispatchMode):
         # Compiled code under this mode still compiles; what it dispatches is recorded like any op.
         return True
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # torch would wrap __torch_dispatch__ in a disable frame; _compat.skip_dynamo marks it instead
+
     def __init__(self, policy_fn: Callable, record: Record) -> None:
         super().__init__()
         self.policy_fn = policy_fn
         self.record = record
+        self._log = record.log  # the per-op paths skip one attribute lookup
         self.ac_graph_id: int | None = None  # set by torch when it traces this region for torch.compile
         self._save_ops = policy_fn.ops if type(policy_fn) is SaveList else None
         self._save_ids = None if self._save_ops is None else frozenset(map(id, self._save_ops))
@@ -149,11 +159,11 @@ class CachingMode(TorchDispatchMode):
         if kind is None:
             kind = _classify(func)
         if kind == _IGNORE:
-            return func(*args, **kwargs)
+            return func._op(*args, **kwargs)
         if self.ac_graph_id is not None and _compat.tracing_for_compile():
             return self._trace(func, args, kwargs)
 
-        if kind == _PLAIN:
+        if kind <= _VIEW:
             before = None
             out = func._op(*args, **kwargs)  # what OpOverload.__call__ does, minus a Python frame
             key = func
@@ -165,7 +175,7 @@ class CachingMode(TorchDispatchMode):
             key = func if kind == _HOP else hops.op_key(func, args)
             if self.record.saved_at:
                 self._mark_overwritten(hops.unversioned_writes(func, args, kwargs))
-        log = self.record.log
+        log = self._log
         if self._save_ids is not None:
             save = id(func) in self._save_ids or (kind == _KEYED and hops.region_of(func, args) in self._save_ops)
         else:
@@ -178,11 +188,7 @@ class CachingMode(TorchDispatchMode):
                 save = value
             else:
                 self._bad_policy(value, func, len(log))
-        if save and isinstance(func, torch._ops.OpOverload) and func.is_view:
-            # A view's output aliases its input: serving forward's alias would tie recompute to forward's storage
-            # (wrong gradients once anything writes through it); re-running the view on the replayed input is free.
-            save = False
-        if save:
+        if save and kind != _VIEW:
             entry = self._save(key, func, args, kwargs, out, before)
             if entry is not None:
                 if self._save_ids is None and type(value) is CheckpointPolicy and value in _offload.OFFLOAD:
@@ -194,26 +200,37 @@ class CachingMode(TorchDispatchMode):
         return out
 
     def _save(self, key, func, args, kwargs, out, before) -> Saved | None:
-        writes = hops.writes_of(func, args, kwargs, out, before)
-        if writes is None:
-            _warn_once(
-                key,
-                f"sac2: the policy saves {_key_name(key)}, which returns nothing yet takes tensors, so it can only "
-                f"have written into them in ways sac2 cannot see; it is recomputed in backward instead of saved.",
-            )
-            return None
         entry = Saved(key)
-        written = {id(t): path for path, t in writes}
-        with torch.no_grad():
-            entry.writes = [(path, _detach(t)) for path, t in writes]
-            entry.out = _detached(out, written, entry.tensors)
-        entry.tensors.extend(t for _, t in entry.writes)
+        if before is None and type(out) is Tensor and not hops.schema_writes(func):
+            # The common case (a functional aten op with one output), kept short: it is on the per-op path.
+            d = _detach(out)
+            entry.out = d
+            entry.tensors.append(d)
+        elif not self._save_general(entry, func, args, kwargs, out, before):
+            return None
         if hops.is_random(func):
             gen = kwargs.get("generator") or _compat.default_generator(_device_of(out, args))
             entry.rng = (gen, gen.get_state())
         # In-place ops get their version bump from autograd after this returns: read versions at the next op.
         self._pending = entry
         return entry
+
+    def _save_general(self, entry: Saved, func, args, kwargs, out, before) -> bool:
+        """Fill ``entry`` for any op: what it wrote and its outputs; False if sac2 cannot save it safely."""
+        writes = hops.writes_of(func, args, kwargs, out, before)
+        if writes is None:
+            _warn_once(
+                entry.key,
+                f"sac2: the policy saves {_key_name(entry.key)}, which returns nothing yet takes tensors, so it can only "
+                f"have written into them in ways sac2 cannot see or write back; it is recomputed in backward "
+                f"instead of saved.",
+            )
+            return False
+        written = {id(t): path for path, t in writes}
+        entry.writes = [(path, _detach(t)) for path, t in writes]
+        entry.out = _detached(out, written, entry.tensors)
+        entry.tensors.extend(t for _, t in entry.writes)
+        return True
 
     def _bad_policy(self, value: Any, op: Any, call_index: int) -> None:
         """Raise the TypeError for a policy value, remembering it: Tensor operators (``a * b``) turn a TypeError
@@ -349,9 +366,14 @@ class ReplayMode(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         return True
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
     def __init__(self, record: Record, allow_cache_entry_mutation: bool = False) -> None:
         super().__init__()
         self.record = record
+        self._log = record.log
         self.allow_cache_entry_mutation = allow_cache_entry_mutation
         self._cursor = 0
 
@@ -359,7 +381,8 @@ class ReplayMode(TorchDispatchMode):
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
         super().__enter__()
         _compat.sync_dispatch_flags(+1)
-        _offload.prefetch(e for e in map(self.record.log.__getitem__, self.record.saved_at) if e.offload)
+        log = self.record.log
+        _offload.prefetch(e for e in map(log.__getitem__, self.record.saved_at) if type(e) is Saved and e.offload)
         return self
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -369,17 +392,17 @@ class ReplayMode(TorchDispatchMode):
         if kind is None:
             kind = _classify(func)
         if kind == _IGNORE:
-            return func(*args, **kwargs)
+            return func._op(*args, **kwargs)
         key = func if kind != _KEYED else hops.op_key(func, args)
-        log = self.record.log
         i = self._cursor
-        if i >= len(log):
+        try:
+            entry = self._log[i]
+        except IndexError:
             raise RuntimeError(
                 f"sac2: recompute ran {_key_name(key)} as op {i} of the region, but the forward ran only "
-                f"{len(log)} ops. {_DIVERGED}"
-            )
+                f"{len(self._log)} ops. {_DIVERGED}"
+            ) from None
         self._cursor = i + 1
-        entry = log[i]
         if entry is key:
             return func._op(*args, **kwargs) if kind == _PLAIN else func(*args, **kwargs)
         if type(entry) is Saved and entry.key is key:
@@ -404,13 +427,20 @@ class ReplayMode(TorchDispatchMode):
             gen.set_state(state)
         if entry.offload is not None:
             _offload.ready(entry)
-        with torch.no_grad():
-            for path, saved in entry.writes:
-                hops.locate(args, kwargs, path).copy_(saved)
-        out = _served(entry.out, args, kwargs)
-        if entry.offload is not None:
-            _offload.release(entry)
-        return out
+        for path, saved in entry.writes:  # below autograd here: copy_ records nothing
+            hops.locate(args, kwargs, path).copy_(saved)
+        if _compat.backward_keeps_graph():
+            out = _served(entry.out, args, kwargs)  # another recompute serves this entry again
+            if entry.offload is not None:
+                _offload.release(entry)
+            return out
+        # The last recompute that can need this entry: hand over what it holds and let the record forget it,
+        # so its memory goes with the backward's own references (a later recompute would re-run the op).
+        self.record.log[i] = entry.key
+        out = entry.out
+        if type(out) is Tensor:
+            return out
+        return _served(out, args, kwargs)
 
     def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         """A ``sac2.region`` call in recompute: serve what forward saved, else run it (its one run in backward)."""
@@ -458,6 +488,9 @@ class ReplayMode(TorchDispatchMode):
                 f"{self.record.describe(cursor)}. {_DIVERGED}"
             )
 
+
+_compat.skip_dynamo(CachingMode.__torch_dispatch__)
+_compat.skip_dynamo(ReplayMode.__torch_dispatch__)
 
 _DIVERGED = (
     "The checkpointed function must run the same ops in backward as in forward: look for control flow that "
