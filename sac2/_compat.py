@@ -13,8 +13,17 @@ import torch
 import torch.fx.traceback as fx_traceback
 import torch.utils.checkpoint as _tuc
 from torch.utils import _python_dispatch as _pd
+from torch.utils import _pytree
 
 __all__ = [
+    "OpOverload",
+    "OpOverloadPacket",
+    "HigherOrderOperator",
+    "TorchDispatchMode",
+    "FakeTensor",
+    "tree_map",
+    "tree_leaves",
+    "FLEX_ATTENTION",
     "IGNORED_OPS",
     "noop_context_fn",
     "detach_keeping_version",
@@ -38,6 +47,16 @@ __all__ = [
     "register_activation_wrapper",
     "wrap_policy_targets",
 ]
+
+#: The op types the dispatcher hands to a mode, the mode base class, and pytree helpers: all live in torch
+#: modules whose names start with an underscore.
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+HigherOrderOperator = torch._ops.HigherOrderOperator
+TorchDispatchMode = _pd.TorchDispatchMode
+FakeTensor = torch._subclasses.FakeTensor
+tree_map = _pytree.tree_map
+tree_leaves = _pytree.tree_leaves
 
 #: Ops that forward and recompute legitimately run a different number of times (detach, metadata queries
 #: issued by the determinism check); torch's own SAC skips exactly these.
@@ -175,6 +194,8 @@ def _hop(module: str, name: str) -> Any:
 
 #: The HOP a compiled region runs as under a dispatch mode (``wrap_inductor_compiled_regions``).
 INDUCTOR_COMPILED_CODE = _hop("wrap", "inductor_compiled_code")
+#: flex attention, eager or compiled.
+FLEX_ATTENTION = _hop("flex_attention", "flex_attention")
 #: The HOP a user Triton kernel runs as; it returns None and writes into its tensor kwargs.
 TRITON_MUTATION = _hop("triton_kernel_wrap", "triton_kernel_wrapper_mutation")
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any, Hashable
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from sac2 import _compat
+from sac2._compat import tree_leaves
 
 __all__ = [
     "Region",
@@ -96,7 +96,7 @@ def locate(args: tuple, kwargs: dict, path: Path) -> Any:
 _schema_writes: dict[int, tuple[Any, tuple[Path, ...]]] = {}
 
 
-def schema_writes(func: torch._ops.OpOverload) -> tuple[Path, ...]:
+def schema_writes(func: _compat.OpOverload) -> tuple[Path, ...]:
     """Where an OpOverload's schema says it writes (``Tensor(a!)`` arguments), cached per op by id()."""
     hit = _schema_writes.get(id(func))
     if hit is None:
@@ -154,7 +154,7 @@ def writes_of(
     ``before`` holds the HOP call's tensor arguments with their versions from before the call (None for
     OpOverloads, whose schema says what they write).
     """
-    if isinstance(func, torch._ops.OpOverload):
+    if isinstance(func, _compat.OpOverload):
         paths = schema_writes(func)
         return _expand(args, kwargs, paths) if paths else []
     if func is _compat.TRITON_MUTATION:
@@ -188,6 +188,6 @@ def is_random(func: Any) -> bool:
     """Whether an op draws from a random generator (torch tags such ops ``nondeterministic_seeded``)."""
     hit = _random.get(id(func))
     if hit is None:
-        r = isinstance(func, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in func.tags
+        r = isinstance(func, _compat.OpOverload) and torch.Tag.nondeterministic_seeded in func.tags
         hit = _random[id(func)] = (func, r)  # holding func keeps its id from being reused
     return hit[1]

@@ -20,10 +20,9 @@ import warnings
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
 from sac2 import _compat, hops
+from sac2._compat import TorchDispatchMode, tree_leaves, tree_map
 from sac2 import offload as _offload
 from sac2.policy import CheckpointPolicy, SaveList, SelectiveCheckpointContext, decide, is_save, op_name
 
@@ -47,7 +46,7 @@ def _classify(func: Any) -> int:
         kind = _IGNORE
     elif func in hops.KEYED_OPS:
         kind = _KEYED
-    elif isinstance(func, torch._ops.OpOverload):
+    elif isinstance(func, _compat.OpOverload):
         # A view's output aliases its input: serving forward's alias would tie recompute to forward's storage
         # (wrong gradients once anything writes through it); re-running a view on its replayed input is free.
         kind = _VIEW if func.is_view else _PLAIN

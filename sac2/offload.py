@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import torch
-from torch.utils._pytree import tree_map
+
+from sac2._compat import tree_leaves, tree_map
 
 __all__ = ["OFFLOAD", "Offloaded", "to_host", "prefetch", "ready", "release"]
 
@@ -117,7 +118,7 @@ def release(entry: Any) -> None:
 
 
 def _leaves(out: Any) -> list:
-    return torch.utils._pytree.tree_leaves(out)
+    return tree_leaves(out)
 
 
 def _is_host(x: Any) -> bool:

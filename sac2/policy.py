@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Union
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
+from sac2 import _compat
 from sac2.hops import Region
 
 __all__ = [
@@ -42,9 +43,9 @@ def op_name(op: Any) -> str:
     name = getattr(op, "name", None)
     if type(op) is Region:
         return f"region {op.name!r}"
-    if isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, _compat.OpOverload):
         return str(op)
-    if isinstance(op, torch._ops.HigherOrderOperator):
+    if isinstance(op, _compat.HigherOrderOperator):
         return op.name()
     return str(name if isinstance(name, str) else op)
 
@@ -77,12 +78,12 @@ class SaveList:
     def __init__(self, ops: Iterable[Any]) -> None:
         ops = list(ops)
         for op in ops:
-            if isinstance(op, torch._ops.OpOverloadPacket):
+            if isinstance(op, _compat.OpOverloadPacket):
                 raise ValueError(
                     f"sac2: {op} in the save list is an OpOverloadPacket, which names every overload of the op; "
                     f"list the overload the op runs as, e.g. {op}.default."
                 )
-            if not isinstance(op, (torch._ops.OpOverload, torch._ops.HigherOrderOperator, Region)):
+            if not isinstance(op, (_compat.OpOverload, _compat.HigherOrderOperator, Region)):
                 raise ValueError(
                     f"sac2: {op!r} (type {type(op).__name__}) in the save list is not an op; list OpOverloads "
                     f"such as torch.ops.aten.mm.default, higher-order ops such as "

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
-from torch.utils._pytree import tree_leaves
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from sac2 import _compat, hops
+from sac2._compat import TorchDispatchMode, tree_leaves
 from sac2.checkpoint import checkpoint
 from sac2.modes import CachingMode, Record, ReplayMode, Saved
 from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext, as_policy, decide, op_name
@@ -105,7 +104,7 @@ def _no_policy(ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: A
 
 
 def _unmeasurable(t: Tensor) -> bool:
-    return t.device.type == "meta" or isinstance(t, torch._subclasses.FakeTensor)
+    return t.device.type == "meta" or isinstance(t, _compat.FakeTensor)
 
 
 def _storage_key(t: Tensor) -> int:
@@ -142,7 +141,7 @@ class _ProfileMode(CachingMode):
         return self._observe(key, key, lambda: run(*args, **kwargs), args, kwargs)
 
     def _observe(self, func: Any, key: Any, run: Callable[[], Any], args: tuple, kwargs: dict) -> Any:
-        is_op = isinstance(func, torch._ops.OpOverload)
+        is_op = isinstance(func, _compat.OpOverload)
         before = None if is_op else hops.tensor_versions(args, kwargs)
         out, cost = self._run(run, args, kwargs)
         writes = hops.writes_of(func, args, kwargs, out, before)
@@ -214,7 +213,7 @@ class _FlopCount(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not (isinstance(func, torch._ops.OpOverload) and func.is_view):
+        if not (isinstance(func, _compat.OpOverload) and func.is_view):
             formula = flop_registry.get(getattr(func, "_overloadpacket", func))
             self.total += formula(*args, **kwargs, out_val=out) if formula is not None else _numel(out)
         return out

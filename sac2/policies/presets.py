@@ -89,7 +89,7 @@ def llm_save_list() -> frozenset:
         except ImportError:
             pass
     ops = {_lookup(path) for path in _COMPUTE + _COMMUNICATION}
-    ops.add(getattr(torch._higher_order_ops, "flex_attention", None))
+    ops.add(_compat.FLEX_ATTENTION)
     ops.add(_compat.INDUCTOR_COMPILED_CODE)
     ops.discard(None)
     return frozenset(ops)
