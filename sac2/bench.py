@@ -13,6 +13,7 @@ import argparse
 import copy
 import functools
 import importlib
+import importlib.util
 import json
 import statistics
 import sys
@@ -192,12 +193,12 @@ def format_table(results: Sequence[Result]) -> str:
 
 
 def _plot(results: Sequence[Result], path: str, title: str) -> None:
-    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig = Figure(figsize=(7, 5))  # no pyplot: the caller's matplotlib backend and figures stay untouched
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     markers = "os^vD<>pP*Xh"
     for i, r in enumerate(results):  # a legend, not labels next to points: modes often land on top of each other
         ax.scatter(r.median_s * 1e3, r.kept_bytes / 2**20, label=r.name, marker=markers[i % len(markers)])
@@ -206,7 +207,6 @@ def _plot(results: Sequence[Result], path: str, title: str) -> None:
     ax.set_ylabel("activation memory kept for backward (MiB)")
     ax.set_title(title)
     fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,6 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install 'sac2[plot]'")
     results, notes = run(args.config, args.steps, args.device)
     title = f"sac2 bench: config {args.config}, {args.device}, {args.steps} steps"
     print(title)

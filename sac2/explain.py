@@ -146,6 +146,8 @@ def _decision(prof: Profile, calls: list[int], served: set[int]) -> str:
 def _policy_name(policy: Any) -> str:
     if isinstance(policy, SaveList):
         return "save list"
+    if type(policy).__repr__ is not object.__repr__:  # presets name themselves, e.g. sac2.policies.llm()
+        return repr(policy)
     return getattr(policy, "__name__", None) or type(policy).__name__
 
 
