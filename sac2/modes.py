@@ -123,19 +123,36 @@ def _warn_once(key: Any, message: str) -> None:
         warnings.warn(message, stacklevel=3)
 
 
-class CachingMode(TorchDispatchMode):
-    """Forward: run each op, ask the policy, record it, keep the outputs of saved ops."""
+class _Sac2Mode(TorchDispatchMode):
+    """What both modes share: every HOP reaches ``__torch_dispatch__``, compiled code under them still compiles,
+    and torch's "inside a dispatch mode" flags stay right when threads overlap."""
 
     supports_higher_order_operators = True
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        # Compiled code under this mode still compiles; what it dispatches is recorded like any op.
-        return True
+        return True  # what compiled code dispatches is recorded like any op; dynamo need not skip the frame
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False  # torch would wrap __torch_dispatch__ in a disable frame; _compat.skip_dynamo marks it instead
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _compat.skip_dynamo(cls.__torch_dispatch__)
+
+    def __enter__(self):
+        super().__enter__()
+        _compat.sync_dispatch_flags(+1)  # torch's save/restore of its mode flags breaks when threads overlap
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        super().__exit__(exc_type, exc, tb)
+        _compat.sync_dispatch_flags(-1)
+
+
+class CachingMode(_Sac2Mode):
+    """Forward: run each op, ask the policy, record it, keep the outputs of saved ops."""
 
     def __init__(self, policy_fn: Callable, record: Record) -> None:
         super().__init__()
@@ -207,9 +224,9 @@ class CachingMode(TorchDispatchMode):
             entry.tensors.append(d)
         elif not self._save_general(entry, func, args, kwargs, out, before):
             return None
-        if hops.is_random(func):
-            gen = kwargs.get("generator") or _compat.default_generator(_device_of(out, args))
-            entry.rng = (gen, gen.get_state())
+        if before is not None or hops.is_random(func):
+            # A HOP may draw random numbers inside (sac2 cannot see into it): serving it must skip them too.
+            entry.rng = _rng_after(out, args, kwargs.get("generator"))
         # In-place ops get their version bump from autograd after this returns: read versions at the next op.
         self._pending = entry
         return entry
@@ -225,10 +242,7 @@ class CachingMode(TorchDispatchMode):
                 f"instead of saved.",
             )
             return False
-        written = {id(t): path for path, t in writes}
-        entry.writes = [(path, _detach(t)) for path, t in writes]
-        entry.out = _detached(out, written, entry.tensors)
-        entry.tensors.extend(t for _, t in entry.writes)
+        _keep(entry, out, writes)
         return True
 
     def _bad_policy(self, value: Any, op: Any, call_index: int) -> None:
@@ -279,11 +293,6 @@ class CachingMode(TorchDispatchMode):
 
         return _compat.tag_traced_nodes(lambda: func(*args, **kwargs), self.ac_graph_id, policy_of)
 
-    def __enter__(self):
-        super().__enter__()
-        _compat.sync_dispatch_flags(+1)  # torch's save/restore of its mode flags breaks when threads overlap
-        return self
-
     def __exit__(self, exc_type, exc, tb):
         try:
             if self._pending is not None:
@@ -293,7 +302,6 @@ class CachingMode(TorchDispatchMode):
                 _offload.to_host(e for e in map(self.record.log.__getitem__, self.record.saved_at) if e.offload)
         finally:
             super().__exit__(exc_type, exc, tb)
-            _compat.sync_dispatch_flags(-1)
         error, self._policy_error = self._policy_error, None
         if error is not None and exc is not error:
             raise error
@@ -323,15 +331,12 @@ class CachingMode(TorchDispatchMode):
         out = run_kept(*args, **kwargs)
         entry = Saved(key)
         writes = hops.writes_of(key, args, kwargs, out, before) or []
-        written = {id(t): path for path, t in writes}
-        with torch.no_grad():
-            entry.writes = [(path, _detach(t)) for path, t in writes]
-            # Which outputs required grad: served ones must too, or recompute saves less than forward did.
-            grads = tuple(t.requires_grad for t in tree_leaves(out) if isinstance(t, Tensor) and id(t) not in written)
-            entry.out = (_detached(out, written, entry.tensors), grads)
-        entry.tensors.extend(t for _, t in entry.writes)
-        gen = _compat.default_generator(_device_of(out, args))
-        entry.rng = (gen, gen.get_state())  # recompute skips the region: skip the numbers it drew, too
+        _keep(entry, out, writes)
+        # Which outputs required grad: served ones must too, or recompute saves less than forward did.
+        written = {id(t) for _, t in writes}
+        grads = tuple(t.requires_grad for t in tree_leaves(out) if isinstance(t, Tensor) and id(t) not in written)
+        entry.out = (entry.out, grads)
+        entry.rng = _rng_after(out, args)  # recompute skips the region: skip the numbers it drew, too
         entry.record_versions()
         log.append(entry)  # not in saved_at: a region modified later is re-run at replay, see ReplayMode._region
         return out
@@ -356,18 +361,8 @@ class CachingMode(TorchDispatchMode):
         record.saved_at = keep
 
 
-class ReplayMode(TorchDispatchMode):
+class ReplayMode(_Sac2Mode):
     """Recompute: walk the record, serve saved ops, re-run the rest, fail loudly on any divergence."""
-
-    supports_higher_order_operators = True
-
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        return True
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False
 
     def __init__(self, record: Record, allow_cache_entry_mutation: bool = False) -> None:
         super().__init__()
@@ -379,7 +374,6 @@ class ReplayMode(TorchDispatchMode):
     def __enter__(self):
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
         super().__enter__()
-        _compat.sync_dispatch_flags(+1)
         log = self.record.log
         _offload.prefetch(e for e in map(log.__getitem__, self.record.saved_at) if type(e) is Saved and e.offload)
         return self
@@ -421,13 +415,9 @@ class ReplayMode(TorchDispatchMode):
                     f"or pass allow_cache_entry_mutation=True to recompute it in backward."
                 )
             return func(*args, **kwargs)
-        if entry.rng is not None:
-            gen, state = entry.rng
-            gen.set_state(state)
         if entry.offload is not None:
             _offload.ready(entry)
-        for path, saved in entry.writes:  # below autograd here: copy_ records nothing
-            hops.locate(args, kwargs, path).copy_(saved)
+        _restore(entry, args, kwargs)  # below autograd here: copy_ records nothing
         if _compat.backward_keeps_graph():
             out = _served(entry.out, args, kwargs)  # another recompute serves this entry again
             if entry.offload is not None:
@@ -459,11 +449,8 @@ class ReplayMode(TorchDispatchMode):
                     f"backward instead. Have the policy recompute it to silence this warning.",
                 )
                 return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
-            gen, state = entry.rng
-            gen.set_state(state)
-            with torch.no_grad():
-                for path, saved in entry.writes:
-                    hops.locate(args, kwargs, path).copy_(saved)
+            with torch.no_grad():  # a region runs above autograd
+                _restore(entry, args, kwargs)
             out, grads = entry.out
             served = _served(out, args, kwargs)
             stored = tree_leaves(out, is_leaf=lambda x: type(x) is _ArgRef)
@@ -480,7 +467,6 @@ class ReplayMode(TorchDispatchMode):
     def __exit__(self, exc_type, exc, tb):
         cursor, n = self._cursor, len(self.record.log)
         super().__exit__(exc_type, exc, tb)
-        _compat.sync_dispatch_flags(-1)
         if exc_type is None and cursor != n:
             raise RuntimeError(
                 f"sac2: recompute ended after {cursor} ops, but the forward ran {n}; the first op missing is "
@@ -488,13 +474,34 @@ class ReplayMode(TorchDispatchMode):
             )
 
 
-_compat.skip_dynamo(CachingMode.__torch_dispatch__)
-_compat.skip_dynamo(ReplayMode.__torch_dispatch__)
-
 _DIVERGED = (
     "The checkpointed function must run the same ops in backward as in forward: look for control flow that "
     "depends on global state, on data that changed since forward, or on whether a tensor requires grad."
 )
+
+
+def _keep(entry: Saved, out: Any, writes: list[tuple[hops.Path, Tensor]]) -> None:
+    """Fill a saved entry: detached aliases of what the op wrote and of its outputs (written arguments among the
+    outputs become ``_ArgRef``s, served as the replayed arguments)."""
+    written = {id(t): path for path, t in writes}
+    entry.writes = [(path, _detach(t)) for path, t in writes]
+    entry.out = _detached(out, written, entry.tensors)
+    entry.tensors.extend(t for _, t in entry.writes)
+
+
+def _restore(entry: Saved, args: tuple, kwargs: dict) -> None:
+    """Serving a saved entry: leave the generator and the written arguments as running the op would have."""
+    if entry.rng is not None:
+        gen, state = entry.rng
+        gen.set_state(state)
+    for path, saved in entry.writes:
+        hops.locate(args, kwargs, path).copy_(saved)
+
+
+def _rng_after(out: Any, args: tuple, gen: torch.Generator | None = None) -> tuple[torch.Generator, Tensor]:
+    """The generator an op drew from (its ``generator=`` or its device's default) and its state now."""
+    gen = gen or _compat.default_generator(_device_of(out, args))
+    return gen, gen.get_state()
 
 
 def _device_of(out: Any, args: tuple) -> torch.device:

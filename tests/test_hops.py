@@ -304,6 +304,22 @@ def test_user_defined_hop_gradients_equal_uncheckpointed(mode):
     assert apply_twice in seen
 
 
+def test_saved_hop_that_draws_random_numbers_keeps_later_random_ops_in_step():
+    # The noise the HOP adds does not change its gradient, but it moves the generator: a later recomputed
+    # rand_like must draw what forward drew, so serving the HOP must move the generator the same way.
+    def fn(x):
+        y = apply_twice(lambda t: t + torch.rand_like(t), x.cos())
+        return y.sin() * torch.rand_like(y)
+
+    x = _x(16)
+    torch.manual_seed(0)
+    (expected,) = _grads(fn(x), (x,))
+    context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [apply_twice])
+    torch.manual_seed(0)
+    (grad,) = _grads(sac2.checkpoint(fn, x, context_fn=context_fn), (x,))
+    assert torch.equal(grad, expected)
+
+
 # ---- compiled regions (inductor_compiled_code) ----
 
 calls: dict[str, int] = {"attn": 0, "mlp": 0}
