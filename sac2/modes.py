@@ -197,7 +197,11 @@ class CachingMode(_Sac2Mode):
         else:
             ctx = self._ctx
             ctx.op_output = out
-            value = self.policy_fn(ctx, func, *args, **kwargs)
+            try:
+                value = self.policy_fn(ctx, func, *args, **kwargs)
+            except TypeError as error:  # e.g. compose() rejecting a piece's answer: keep it from being lost
+                self._policy_error = error
+                raise
             if type(value) is CheckpointPolicy:
                 save = value in _SAVING
             elif type(value) is bool:
@@ -247,7 +251,8 @@ class CachingMode(_Sac2Mode):
 
     def _bad_policy(self, value: Any, op: Any, call_index: int) -> None:
         """Raise the TypeError for a policy value, remembering it: Tensor operators (``a * b``) turn a TypeError
-        raised inside them into "unsupported operand type(s)", so ``__exit__`` raises it again if it was lost."""
+        raised inside them into "unsupported operand type(s)", so ``__exit__`` raises it again if it was lost.
+        TypeErrors the policy raises itself are remembered the same way."""
         try:
             decide(value, op, call_index)
         except TypeError as error:

@@ -221,6 +221,13 @@ False, True -> MUST_SAVE""")
         with self.assertRaisesRegex(TypeError, "returned 'save' for aten.mm.default"):
             policy(ctx, torch.ops.aten.mm.default)
 
+    def test_its_error_survives_tensor_operators_in_a_checkpointed_forward(self):
+        # a * a turns a TypeError raised under it into NotImplemented; sac2's forward mode raises it again
+        policy = policies.compose(lambda ctx, op, *a, **k: "save")
+        context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, policy)
+        with self.assertRaisesRegex(TypeError, "returned 'save' for aten.mul.Tensor"):
+            sac2.checkpoint(lambda a: a * a, torch.randn(3, requires_grad=True), context_fn=context_fn)
+
     def test_gradients_equal_the_unchecked_block(self):
         block = _block()
         x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)

@@ -98,13 +98,14 @@ def llm_save_list() -> frozenset:
 class _LLM:
     """MUST_SAVE for the ops of ``llm_save_list()``, every ``sac2.Region`` and device-to-host copies."""
 
-    __slots__ = ("ops",)
+    __slots__ = ("ops", "_ids")
 
     def __init__(self, ops: frozenset) -> None:
         self.ops = ops
+        self._ids = frozenset(map(id, ops))  # runs once per op: id() avoids OpOverload's Python __hash__
 
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if op in self.ops or type(op) is Region or _is_device_to_host(op, args, kwargs):
+        if id(op) in self._ids or type(op) is Region or _is_device_to_host(op, args, kwargs):
             return MUST_SAVE
         return PREFER_RECOMPUTE
 
