@@ -138,6 +138,11 @@ def run(config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 
     gen = torch.Generator().manual_seed(seed)
     example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, requires_grad=True)
     notes: list[str] = []
+    if dev.type != "cuda":
+        notes.append(
+            "torch's own estimator-based greedy policy (torch.distributed._tools.sac_estimator) is not compared: "
+            "in torch 2.13 its runtime estimates need CUDA"
+        )
     modes = _modes(base, example, notes)
     models = [copy.deepcopy(base) for _ in modes]
     optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
