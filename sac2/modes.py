@@ -107,17 +107,11 @@ class Record:
         """``aten.mm.default (call 2 of that op, op 7 of the region)``: how errors name a position."""
         key = self.key_at(i)
         nth = sum(1 for j in range(i) if self.key_at(j) is key)
-        return f"{_key_name(key)} (call {nth} of that op, op {i} of the region)"
-
-
-def _key_name(key: Any) -> str:
-    if type(key) is tuple:  # a compiled callable: (hop, idx, name)
-        return f"{op_name(key[0])}[{key[2] or 'callable ' + str(key[1])}]"
-    return op_name(key)
+        return f"{op_name(key)} (call {nth} of that op, op {i} of the region)"
 
 
 def _warn_once(key: Any, message: str) -> None:
-    name = _key_name(key)
+    name = op_name(key)
     if name not in _warned:
         _warned.add(name)
         warnings.warn(message, stacklevel=3)
@@ -241,7 +235,7 @@ class CachingMode(_Sac2Mode):
         if writes is None:
             _warn_once(
                 entry.key,
-                f"sac2: the policy saves {_key_name(entry.key)}, which returns nothing yet takes tensors, so it can only "
+                f"sac2: the policy saves {op_name(entry.key)}, which returns nothing yet takes tensors, so it can only "
                 f"have written into them in ways sac2 cannot see or write back; it is recomputed in backward "
                 f"instead of saved.",
             )
@@ -397,7 +391,7 @@ class ReplayMode(_Sac2Mode):
             entry = self._log[i]
         except IndexError:
             raise RuntimeError(
-                f"sac2: recompute ran {_key_name(key)} as op {i} of the region, but the forward ran only "
+                f"sac2: recompute ran {op_name(key)} as op {i} of the region, but the forward ran only "
                 f"{len(self._log)} ops. {_DIVERGED}"
             ) from None
         self._cursor = i + 1
@@ -407,7 +401,7 @@ class ReplayMode(_Sac2Mode):
             return self._serve(entry, i, func, args, kwargs)
         raise RuntimeError(
             f"sac2: recompute diverged from forward at op {i} of the region: forward ran "
-            f"{self.record.describe(i)}, recompute ran {_key_name(key)}. {_DIVERGED}"
+            f"{self.record.describe(i)}, recompute ran {op_name(key)}. {_DIVERGED}"
         )
 
     def _serve(self, entry: Saved, i: int, func, args, kwargs):
@@ -466,7 +460,7 @@ class ReplayMode(_Sac2Mode):
         ran = self.record.describe(i) if entry is not None else f"only {len(log)} ops"
         raise RuntimeError(
             f"sac2: recompute diverged from forward at op {i} of the region: forward ran {ran}, recompute ran "
-            f"{_key_name(key)}. {_DIVERGED}"
+            f"{op_name(key)}. {_DIVERGED}"
         )
 
     def __exit__(self, exc_type, exc, tb):

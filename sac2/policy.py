@@ -39,15 +39,17 @@ _SAVING = frozenset(
 
 
 def op_name(op: Any) -> str:
-    """A short readable name: ``aten.mm.default``, ``flex_attention``, ``region 'attn'``."""
-    name = getattr(op, "name", None)
+    """A short readable name of an op or a replay key: ``aten.mm.default``, ``flex_attention``,
+    ``region 'attn'``, ``inductor_compiled_code[attn]`` (a compiled callable, by its torch.compile name)."""
     if type(op) is Region:
         return f"region {op.name!r}"
     if isinstance(op, _compat.OpOverload):
         return str(op)
     if isinstance(op, _compat.HigherOrderOperator):
         return op.name()
-    return str(name if isinstance(name, str) else op)
+    if type(op) is tuple:  # a compiled callable's replay key: (hop, idx, name)
+        return f"{op_name(op[0])}[{op[2] or 'callable ' + str(op[1])}]"
+    return str(op)
 
 
 def decide(value: Any, op: Any, call_index: int) -> CheckpointPolicy:

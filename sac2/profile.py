@@ -160,7 +160,7 @@ class _ProfileMode(CachingMode):
             self._writers.setdefault(s, []).append(i)
         index = self._counts.get(key, 0)
         self._counts[key] = index + 1
-        call = OpCall(key, index, _name(key), storages, 0.0 if view else cost, view, stale=unseen)
+        call = OpCall(key, index, op_name(key), storages, 0.0 if view else cost, view, stale=unseen)
         if self.policy is not None:
             self._ctx.op_output = None if type(func) is hops.Region else out  # as the forward mode does
             call.decision = decide(self.policy(self._ctx, func, *args, **kwargs), func, i)
@@ -214,19 +214,20 @@ class _FlopCount(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not (isinstance(func, _compat.OpOverload) and func.is_view):
-            formula = flop_registry.get(getattr(func, "_overloadpacket", func))
+            packet = getattr(func, "_overloadpacket", func)
+            formula = flop_registry.get(_SAME_FLOPS_AS.get(packet, packet))
             self.total += formula(*args, **kwargs, out_val=out) if formula is not None else _numel(out)
         return out
 
 
+#: torch's FLOP counter knows flash attention on CUDA but not the CPU kernel, which takes the same q, k, v first.
+_SAME_FLOPS_AS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: torch.ops.aten._scaled_dot_product_flash_attention,
+}
+
+
 def _numel(out: Any) -> int:
     return sum(t.numel() for t in tree_leaves(out) if isinstance(t, Tensor))
-
-
-def _name(key: Any) -> str:
-    if type(key) is tuple:  # a compiled callable: (hop, idx, name)
-        return f"{op_name(key[0])}[{key[2] or 'callable ' + str(key[1])}]"
-    return op_name(key)
 
 
 def activation_memory(fn: Callable[..., Any], example_inputs: Sequence[Any], policy: Any) -> int:

@@ -134,3 +134,32 @@ class TestMemoryBudget(TestCase):
         model, x = _model(), _input()
         with self.assertRaisesRegex(ValueError, "must be in \\[0, 1\\], got 1.5; pass an int for bytes"):
             memory_budget(model, (x,), 1.5, cost="flops")
+
+
+class TestOnTheBenchModel(TestCase):
+    """The acceptance case: one block of the bench's ``small`` config (d=512, seq 256, batch 2)."""
+
+    def setUp(self):
+        from sac2.models import CONFIGS, Transformer
+
+        cfg = CONFIGS["small"]
+        torch.manual_seed(0)
+        self.block = Transformer(cfg).blocks[0]
+        self.x = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, requires_grad=True)
+
+    def test_budgets_keep_within_their_share_and_recompute_no_more_than_the_llm_preset(self):
+        block, x = self.block, (self.x,)
+        everything = activation_memory(block, x, _save_all)
+        preset = profile(block, x, cost="flops", policy=sac2.policies.llm())
+        saved = [i for i, c in enumerate(preset.calls) if sac2.policy.is_save(c.decision)]
+        preset_bytes, preset_cost = preset.kept_bytes(saved), preset.recompute_cost(saved)
+        for budget in (0.3, 0.5, 0.7):
+            policy = memory_budget(block, x, budget, cost="flops")
+            self.assertLessEqual(activation_memory(block, x, policy), 1.02 * budget * everything, f"budget {budget}")
+            if policy.kept_bytes <= preset_bytes:
+                continue
+            # at least the preset's memory: the knapsack must not recompute more than the preset does
+            self.assertLessEqual(policy.recompute_cost, preset_cost, f"budget {budget}")
+        at_preset = memory_budget(block, x, preset_bytes, cost="flops")
+        self.assertLessEqual(at_preset.kept_bytes, preset_bytes)
+        self.assertLessEqual(at_preset.recompute_cost, preset_cost)
