@@ -168,10 +168,10 @@ class CachingMode(_Sac2Mode):
         kind = _kinds.get(id(func))
         if kind is None:
             kind = _classify(func)
+        if self.ac_graph_id is not None and _compat.tracing_for_compile():
+            return self._trace(func, kind, args, kwargs)
         if kind == _IGNORE:
             return func._op(*args, **kwargs)
-        if self.ac_graph_id is not None and _compat.tracing_for_compile():
-            return self._trace(func, args, kwargs)
 
         if kind <= _VIEW:
             before = None
@@ -277,11 +277,16 @@ class CachingMode(_Sac2Mode):
         self._pending.record_versions()
         self._pending = None
 
-    def _trace(self, func, args, kwargs):
-        """Under torch.compile tracing: tag the FX nodes with the policy; the partitioner decides from the tags."""
+    def _trace(self, func, kind, args, kwargs):
+        """Under torch.compile tracing: tag the FX nodes with the policy; the partitioner decides from the tags.
+
+        Ignored ops (detach, metadata queries) are tagged PREFER_RECOMPUTE and not recorded, as torch's SAC does.
+        """
         log = self.record.log
 
         def policy_of(out: Any) -> CheckpointPolicy:
+            if kind == _IGNORE:
+                return CheckpointPolicy.PREFER_RECOMPUTE
             self._ctx.op_output = out
             policy = decide(self.policy_fn(self._ctx, func, *args, **kwargs), func, len(log))
             entry = Saved(func)
