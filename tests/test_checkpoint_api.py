@@ -211,3 +211,33 @@ def test_modes_do_not_subclass_torchs_private_sac_modes() -> None:
     caching, replay = sac2.create_selective_checkpoint_contexts([])
     for mode in (caching, replay):
         assert not isinstance(mode, (tuc._CachingTorchDispatchMode, tuc._CachedTorchDispatchMode))
+
+
+def _two_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    h = torch.mm(x, x)
+    return h.sin(), h.cos()
+
+
+def test_backward_releases_the_saved_outputs_it_served() -> None:
+    caching, replay = sac2.create_selective_checkpoint_contexts([aten.mm.default])
+    a, b = sac2.checkpoint(_two_outputs, _x(), context_fn=lambda: (caching, replay))
+    assert aten.mm.default not in caching.record.log  # saved: a Saved entry, not the bare op
+    (a.sum() + b.sum()).backward()
+    assert aten.mm.default in caching.record.log  # served once, forgotten: its memory went with the backward
+
+
+def _disjoint(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.mm(counted_neg(x), x).sin()
+    return a, torch.mm(x.t(), x).cos()
+
+
+def test_a_second_backward_recomputes_what_the_first_released() -> None:
+    x = _x()
+    before = _executions["counted_neg"]
+    a, b = sac2.checkpoint(_disjoint, x, context_fn=_contexts([aten.mm.default, COUNTED]))
+    (got_a,) = torch.autograd.grad(a.sum(), x)  # serves counted_neg, then forgets it
+    (got_b,) = torch.autograd.grad(b.sum(), x)  # a new recompute: runs counted_neg again instead
+    assert _executions["counted_neg"] - before == 2  # forward, then the second backward's recompute
+    ref_a, ref_b = _disjoint(x)
+    assert torch.equal(got_a, torch.autograd.grad(ref_a.sum(), x)[0])
+    assert torch.equal(got_b, torch.autograd.grad(ref_b.sum(), x)[0])
