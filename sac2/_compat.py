@@ -130,7 +130,7 @@ def push_mode(mode: Any) -> None:
 
 _flags_lock = threading.Lock()
 _flags_of_thread: dict[int, tuple[bool, bool, bool]] = {}  # threads inside sac2 -> what their own stack needs
-_sac2_depth = threading.local()
+_sac2_depth: dict[int, int] = {}  # threads inside sac2 -> how many sac2 modes they are in
 
 
 _class_flags: dict[type, tuple[bool, bool]] = {}
@@ -160,19 +160,21 @@ def sync_dispatch_flags(depth_change: int = 0) -> None:
     False while it has a mode that needs True (compiled-region wrapping keys off it), and the flags drop back once
     the last thread leaves. ``depth_change`` is +1 when the caller enters a sac2 mode, -1 when it leaves one.
     """
-    own = _own_dispatch_flags()
-    depth = getattr(_sac2_depth, "n", 0) + depth_change
-    _sac2_depth.n = depth
+    in_mode, non_infra, not_ignoring = own = _own_dispatch_flags()
     tid = threading.get_ident()
     with _flags_lock:
+        depth = _sac2_depth.get(tid, 0) + depth_change
         if depth > 0:
+            _sac2_depth[tid] = depth
             _flags_of_thread[tid] = own
         else:
+            _sac2_depth.pop(tid, None)
             _flags_of_thread.pop(tid, None)
-        flags = [any(f) for f in zip(own, *_flags_of_thread.values())]
-        _pd._is_in_torch_dispatch_mode, _pd._is_in_non_infra_torch_dispatch_mode = flags[0], flags[1]
-        _pd._is_in_any_mode_without_ignore_compile_internals = flags[2]
-        _pd.set_is_in_mode_without_ignore_compile_internals(flags[2])
+        for a, b, c in _flags_of_thread.values():
+            in_mode, non_infra, not_ignoring = in_mode or a, non_infra or b, not_ignoring or c
+        _pd._is_in_torch_dispatch_mode, _pd._is_in_non_infra_torch_dispatch_mode = in_mode, non_infra
+        _pd._is_in_any_mode_without_ignore_compile_internals = not_ignoring
+        _pd.set_is_in_mode_without_ignore_compile_internals(not_ignoring)
 
 
 def dispatch_flags() -> tuple[bool, bool, bool]:
