@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Union
 
-import torch
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from sac2 import _compat
