@@ -138,21 +138,34 @@ def _exp_kernel_launch():
 _written: list[torch.Tensor] = []
 
 
-class TritonExp(torch.autograd.Function):
-    """exp through ``triton_kernel_wrapper_mutation`` writing into an ``empty_like`` buffer; backward in torch."""
+def _triton_exp(x: torch.Tensor, out: torch.Tensor) -> None:
+    triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": x, "out_ptr": out, "n": x.numel()})
 
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.empty_like(x)
-        triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": x, "out_ptr": out, "n": x.numel()})
-        _written.append(out)
-        ctx.save_for_backward(out)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        return grad * out
+def exp_into_buffer(*writes: Callable[[torch.Tensor, torch.Tensor], None]) -> type[torch.autograd.Function]:
+    """exp as an autograd.Function whose forward fills an ``empty_like`` buffer with kernels: ``write(x, out)``,
+    then ``write(out, out)`` for each further one; backward reads the buffer, so a lost write is a wrong
+    gradient."""
+
+    class TritonExp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = torch.empty_like(x)
+            for i, write in enumerate(writes):
+                write(out if i else x, out)
+            _written.append(out)
+            ctx.save_for_backward(out)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            (out,) = ctx.saved_tensors
+            return grad * out
+
+    return TritonExp
+
+
+TritonExp = exp_into_buffer(_triton_exp)
 
 
 class TritonExpFunctional(torch.autograd.Function):
@@ -180,22 +193,8 @@ def test_triton_kernel_wrapper_mutation_gradients_equal_uncheckpointed(mode):
     check_checkpointed(triton_exp_chain, (_x(100),), triton_kernel_wrapper_mutation, mode)
 
 
-class TritonExpTwice(torch.autograd.Function):
-    """Two kernels into one buffer: ``exp`` into ``out``, then ``exp`` of ``out`` in place (no version bump)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.empty_like(x)
-        triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": x, "out_ptr": out, "n": x.numel()})
-        triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": out, "out_ptr": out, "n": x.numel()})
-        _written.append(out)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        return grad * out
+#: Two kernels into one buffer: ``exp`` into ``out``, then ``exp`` of ``out`` in place (no version bump).
+TritonExpTwice = exp_into_buffer(_triton_exp, _triton_exp)
 
 
 def test_saved_kernel_whose_buffer_a_later_kernel_rewrites_is_recomputed_with_one_warning():

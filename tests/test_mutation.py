@@ -62,19 +62,26 @@ def test_save_all_with_inplace_ops_keeps_the_inplace_writes():
     assert aten.add_.Tensor in saved and aten.mul_.Tensor in saved
 
 
-class OutExp(torch.autograd.Function):
-    """exp through ``torch.exp(..., out=buffer)`` into an ``empty_like`` buffer; backward needs the buffer."""
+def exp_into_buffer(write: Callable[[torch.Tensor, torch.Tensor], None]) -> type[torch.autograd.Function]:
+    """exp as an autograd.Function whose forward has ``write(x, out)`` fill an ``empty_like`` buffer; its
+    backward reads that buffer, so a saved writer that lost its write would give a wrong gradient."""
 
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.empty_like(x)
-        torch.exp(x, out=out)
-        ctx.save_for_backward(out)
-        return out
+    class ExpIntoBuffer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = torch.empty_like(x)
+            write(x, out)
+            ctx.save_for_backward(out)
+            return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.saved_tensors[0]
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * ctx.saved_tensors[0]
+
+    return ExpIntoBuffer
+
+
+OutExp = exp_into_buffer(lambda x, out: torch.exp(x, out=out))
 
 
 def test_saved_out_variant_writes_into_replayed_buffer():
@@ -87,17 +94,7 @@ def exp_into(x: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(x.exp())
 
 
-class CustomExp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        out = torch.empty_like(x)
-        exp_into(x, out)
-        ctx.save_for_backward(out)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.saved_tensors[0]
+CustomExp = exp_into_buffer(exp_into)
 
 
 def test_saved_custom_op_with_mutates_args_writes_into_replayed_buffer():
