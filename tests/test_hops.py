@@ -142,18 +142,14 @@ def _triton_exp(x: torch.Tensor, out: torch.Tensor) -> None:
     triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": x, "out_ptr": out, "n": x.numel()})
 
 
-def exp_into_buffer(*writes: Callable[[torch.Tensor, torch.Tensor], None]) -> type[torch.autograd.Function]:
-    """exp as an autograd.Function whose forward fills an ``empty_like`` buffer with kernels: ``write(x, out)``,
-    then ``write(out, out)`` for each further one; backward reads the buffer, so a lost write is a wrong
-    gradient."""
+def exp_function(compute: Callable[[torch.Tensor], torch.Tensor]) -> type[torch.autograd.Function]:
+    """exp as an autograd.Function computed by ``compute(x)``; backward reads that output, so a saved kernel that
+    lost what it wrote gives a wrong gradient."""
 
-    class TritonExp(torch.autograd.Function):
+    class Exp(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            out = torch.empty_like(x)
-            for i, write in enumerate(writes):
-                write(out if i else x, out)
-            _written.append(out)
+            out = compute(x)
             ctx.save_for_backward(out)
             return out
 
@@ -162,26 +158,31 @@ def exp_into_buffer(*writes: Callable[[torch.Tensor, torch.Tensor], None]) -> ty
             (out,) = ctx.saved_tensors
             return grad * out
 
-    return TritonExp
+    return Exp
 
 
-TritonExp = exp_into_buffer(_triton_exp)
+def _kernels_into_buffer(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``n`` exp kernels into one ``empty_like`` buffer: into it from x, then in place (no version bump)."""
 
-
-class TritonExpFunctional(torch.autograd.Function):
-    """exp through ``triton_kernel_wrapper_functional``, which returns fresh copies of what the kernel wrote."""
-
-    @staticmethod
-    def forward(ctx, x):
-        kwargs = {"x_ptr": x, "out_ptr": torch.empty_like(x), "n": x.numel()}
-        out = triton_kernel_wrapper_functional(**_LAUNCH, kwargs=kwargs, tensors_to_clone=["out_ptr"])["out_ptr"]
-        ctx.save_for_backward(out)
+    def compute(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        for i in range(n):
+            _triton_exp(out if i else x, out)
+        _written.append(out)
         return out
 
-    @staticmethod
-    def backward(ctx, grad):
-        (out,) = ctx.saved_tensors
-        return grad * out
+    return compute
+
+
+def _functional_exp(x: torch.Tensor) -> torch.Tensor:
+    """``triton_kernel_wrapper_functional`` returns fresh copies of what the kernel wrote."""
+    kwargs = {"x_ptr": x, "out_ptr": torch.empty_like(x), "n": x.numel()}
+    return triton_kernel_wrapper_functional(**_LAUNCH, kwargs=kwargs, tensors_to_clone=["out_ptr"])["out_ptr"]
+
+
+TritonExp = exp_function(_kernels_into_buffer(1))
+TritonExpTwice = exp_function(_kernels_into_buffer(2))
+TritonExpFunctional = exp_function(_functional_exp)
 
 
 def triton_exp_chain(x):
@@ -191,10 +192,6 @@ def triton_exp_chain(x):
 @pytest.mark.parametrize("mode", MODES)
 def test_triton_kernel_wrapper_mutation_gradients_equal_uncheckpointed(mode):
     check_checkpointed(triton_exp_chain, (_x(100),), triton_kernel_wrapper_mutation, mode)
-
-
-#: Two kernels into one buffer: ``exp`` into ``out``, then ``exp`` of ``out`` in place (no version bump).
-TritonExpTwice = exp_into_buffer(_triton_exp, _triton_exp)
 
 
 def test_saved_kernel_whose_buffer_a_later_kernel_rewrites_is_recomputed_with_one_warning():
