@@ -25,6 +25,8 @@ def create_selective_checkpoint_contexts(
 
     A policy is called as ``policy_fn(ctx, op, *args, **kwargs)`` once per op in forward (``ctx.op_output`` holds
     the op's output) and returns a ``CheckpointPolicy`` or a bool (True saves). A list saves exactly its ops.
+    One ``ctx`` serves every op of one checkpointed forward (torch makes one per op): a policy can keep
+    per-forward state keyed by it, but must read ``ctx.op_output`` during its call.
     The pair works as ``context_fn`` for ``sac2.checkpoint`` and for ``torch.utils.checkpoint.checkpoint``.
 
     ``allow_cache_entry_mutation=True``: a saved output modified in place after the checkpointed forward is
