@@ -76,7 +76,7 @@ class Saved:
         self.out: Any = None
         self.tensors: list[Tensor] = []
         self.versions: list[int] | None = None
-        self.writes: list[tuple[hops.Path, Tensor]] = []
+        self.writes: list[tuple[hops.Path, Tensor]] | None = []  # None: a region that wrote where sac2 cannot see
         self.rng: tuple[torch.Generator, Tensor] | None = None
         self.offload: Any = None  # True while a CPU_OFFLOAD entry's forward runs, then sac2.offload's state
 
@@ -233,12 +233,7 @@ class CachingMode(_Sac2Mode):
         """Fill ``entry`` for any op: what it wrote and its outputs; False if sac2 cannot save it safely."""
         writes = hops.writes_of(func, args, kwargs, out, before)
         if writes is None:
-            _warn_once(
-                entry.key,
-                f"sac2: the policy saves {op_name(entry.key)}, which returns nothing yet takes tensors, so it can only "
-                f"have written into them in ways sac2 cannot see or write back; it is recomputed in backward "
-                f"instead of saved.",
-            )
+            _warn_once(entry.key, _unseen_writes(entry.key))
             return False
         _keep(entry, out, writes)
         return True
@@ -334,14 +329,17 @@ class CachingMode(_Sac2Mode):
         before = hops.tensor_versions(args, kwargs)
         out = run_kept(*args, **kwargs)
         entry = Saved(key)
-        writes = hops.writes_of(key, args, kwargs, out, before) or []
-        _keep(entry, out, writes)
+        writes = hops.writes_of(key, args, kwargs, out, before)
+        _keep(entry, out, writes or [])
         # Which outputs required grad: served ones must too, or recompute saves less than forward did.
-        written = {id(t) for _, t in writes}
+        written = {id(t) for _, t in writes or []}
         grads = tuple(t.requires_grad for t in tree_leaves(out) if isinstance(t, Tensor) and id(t) not in written)
         entry.out = (entry.out, grads)
         entry.rng = _rng_after(out, args)  # recompute skips the region: skip the numbers it drew, too
         entry.record_versions()
+        if writes is None:
+            _warn_once(key, _unseen_writes(key))
+            entry.writes = None  # what it wrote is unknown: ReplayMode._region runs it again instead of serving
         log.append(entry)  # not in saved_at: a region modified later is re-run at replay, see ReplayMode._region
         return out
 
@@ -445,6 +443,8 @@ class ReplayMode(_Sac2Mode):
             return run(*args, **kwargs)
         if type(entry) is Saved and entry.key is key:
             self._cursor = i + 1
+            if entry.writes is None:
+                return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
             if entry.modified():
                 _warn_once(
                     key,
@@ -482,6 +482,13 @@ _DIVERGED = (
     "The checkpointed function must run the same ops in backward as in forward: look for control flow that "
     "depends on global state, on data that changed since forward, or on whether a tensor requires grad."
 )
+
+
+def _unseen_writes(key: Any) -> str:
+    return (
+        f"sac2: the policy saves {op_name(key)}, which returns nothing yet takes tensors, so it can only have "
+        f"written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved."
+    )
 
 
 def _keep(entry: Saved, out: Any, writes: list[tuple[hops.Path, Tensor]]) -> None:

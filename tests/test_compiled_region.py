@@ -341,3 +341,24 @@ class TestRegion(TestCase):
         )
         self.assertEqual(backward_runs, 1)
         self.assertTrue(torch.equal(grad, ref))
+
+
+@sac2.region(name="write_exp")
+def _write_exp(x: torch.Tensor, out: torch.Tensor) -> None:
+    out.data.copy_(x.exp())  # through .data: no version bump, a write sac2 cannot see
+
+
+class TestRegionWritingInvisibly(TestCase):
+    def test_saved_region_returning_nothing_runs_again_in_backward_with_a_warning(self):
+        def fn(x):
+            out = torch.empty_like(x)
+            _write_exp(x.detach(), out)
+            return (out * x).sum()
+
+        x = torch.randn(8, dtype=torch.float64, requires_grad=True)
+        context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("write_exp")])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            grad = torch.autograd.grad(sac2.checkpoint(fn, x, context_fn=context_fn), x)[0]
+        self.assertExpectedInline("\n".join(str(w.message) for w in caught), """sac2: the policy saves region 'write_exp', which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""")
+        self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))
