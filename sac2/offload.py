@@ -106,7 +106,7 @@ def ready(entry: Any) -> None:
     off = entry.offload
     compute = torch.cuda.current_stream(off.device)
     compute.wait_event(off.event)
-    for t in [*(x for x in _leaves(entry.out)), *(t for _, t in entry.writes)]:
+    for t in [*tree_leaves(entry.out), *(t for _, t in entry.writes)]:
         if isinstance(t, Tensor) and t.is_cuda:
             t.record_stream(compute)
 
@@ -115,10 +115,6 @@ def release(entry: Any) -> None:
     """After serving: the record goes back to holding host copies only (another recompute prefetches again)."""
     off = entry.offload
     entry.out, entry.writes, off.event = off.host_out, off.host_writes, None
-
-
-def _leaves(out: Any) -> list:
-    return tree_leaves(out)
 
 
 def _is_host(x: Any) -> bool:

@@ -64,11 +64,6 @@ class Profile:
         """Activation bytes kept by saving every op: the 100% that a budget fraction refers to."""
         return sum(self.storage_bytes)
 
-    def new_bytes(self, i: int) -> int:
-        """Bytes of the storages call ``i`` allocated itself (what recomputing it frees)."""
-        first = {s for c in self.calls[:i] for s in c.storages}
-        return sum(self.storage_bytes[s] for s in self.calls[i].storages if s not in first)
-
     def kept_bytes(self, saved: Iterable[int]) -> int:
         """Activation bytes kept when the calls at positions ``saved`` are saved (stale ones are recomputed)."""
         kept = {s for i in saved if not self.calls[i].stale for s in self.calls[i].storages}
