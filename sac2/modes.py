@@ -293,6 +293,7 @@ class CachingMode(_Sac2Mode):
         return _compat.tag_traced_nodes(lambda: func(*args, **kwargs), self.ac_graph_id, policy_of)
 
     def __exit__(self, exc_type, exc, tb):
+        self._ctx.op_output = None  # policies may keep ctx as a per-forward key; it must not keep a tensor alive
         try:
             if self._pending is not None:
                 self._flush()

@@ -241,3 +241,14 @@ def test_a_second_backward_recomputes_what_the_first_released() -> None:
     ref_a, ref_b = _disjoint(x)
     assert torch.equal(got_a, torch.autograd.grad(ref_a.sum(), x)[0])
     assert torch.equal(got_b, torch.autograd.grad(ref_b.sum(), x)[0])
+
+
+def test_the_context_holds_no_output_once_the_forward_ends() -> None:
+    seen = []
+
+    def policy(ctx, op, *args, **kwargs):
+        seen.append(ctx)
+        return False
+
+    sac2.checkpoint(lambda t: t.sin().cos(), _x(), context_fn=_contexts(policy))
+    assert seen and seen[-1].op_output is None  # a policy keeping ctx as a per-forward key keeps no tensor alive
