@@ -13,12 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from sac2.policies.budget import solve_budget
-from sac2.policy import CheckpointPolicy, SaveList, as_policy, is_save
+from sac2.policy import OFFLOADING, SaveList, as_policy, is_save
 from sac2.profile import Profile, profile
 
 __all__ = ["Row", "Report", "explain", "plot_budgets"]
 
-_OFFLOAD = frozenset({CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
 #: Budgets the report's trade-off curve samples, as fractions of what saving everything keeps.
 BUDGETS = tuple(i / 10 for i in range(11))
 
@@ -136,7 +135,7 @@ def _report(prof: Profile, policy: Any) -> Report:
 
 def _decision(prof: Profile, calls: list[int], served: set[int]) -> str:
     n = sum(1 for i in calls if i in served)
-    offloaded = n and all(prof.calls[i].decision in _OFFLOAD for i in calls if i in served)
+    offloaded = n and all(prof.calls[i].decision in OFFLOADING for i in calls if i in served)
     kind = "offload" if offloaded else "save"
     if n == len(calls):
         return kind

@@ -24,12 +24,20 @@ import torch
 from sac2 import _compat, hops
 from sac2._compat import TorchDispatchMode, tree_leaves, tree_map
 from sac2 import offload as _offload
-from sac2.policy import CheckpointPolicy, SaveList, SelectiveCheckpointContext, decide, is_save, op_name
+from sac2.policy import (
+    OFFLOADING,
+    SAVING,
+    CheckpointPolicy,
+    SaveList,
+    SelectiveCheckpointContext,
+    decide,
+    is_save,
+    op_name,
+)
 
 __all__ = ["Record", "CachingMode", "ReplayMode", "Saved"]
 
 Tensor = torch.Tensor
-_SAVING = frozenset(p for p in CheckpointPolicy if is_save(p))
 _detach = _compat.detach_keeping_version
 _UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _warned: set[str] = set()
@@ -197,7 +205,7 @@ class CachingMode(_Sac2Mode):
                 self._policy_error = error
                 raise
             if type(value) is CheckpointPolicy:
-                save = value in _SAVING
+                save = value in SAVING
             elif type(value) is bool:
                 save = value
             else:
@@ -205,7 +213,7 @@ class CachingMode(_Sac2Mode):
         if save and kind != _VIEW:
             entry = self._save(key, func, args, kwargs, out, before)
             if entry is not None:
-                if self._save_ids is None and type(value) is CheckpointPolicy and value in _offload.OFFLOAD:
+                if self._save_ids is None and type(value) is CheckpointPolicy and value in OFFLOADING:
                     entry.offload = True
                 self.record.saved_at.append(len(log))
                 log.append(entry)

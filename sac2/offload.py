@@ -16,11 +16,9 @@ import torch
 
 from sac2._compat import tree_leaves, tree_map
 
-__all__ = ["OFFLOAD", "Offloaded", "to_host", "prefetch", "ready", "release"]
+__all__ = ["Offloaded", "to_host", "prefetch", "ready", "release"]
 
 Tensor = torch.Tensor
-OFFLOAD = frozenset({torch.utils.checkpoint.CheckpointPolicy.MUST_CPU_OFFLOAD,
-                     torch.utils.checkpoint.CheckpointPolicy.PREFER_CPU_OFFLOAD})
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 
 

@@ -18,6 +18,8 @@ __all__ = [
     "CheckpointPolicy",
     "SelectiveCheckpointContext",
     "PolicyFn",
+    "OFFLOADING",
+    "SAVING",
     "SaveList",
     "as_policy",
     "decide",
@@ -27,14 +29,10 @@ __all__ = [
 
 PolicyFn = Callable[..., Union[CheckpointPolicy, bool]]
 
-_SAVING = frozenset(
-    {
-        CheckpointPolicy.MUST_SAVE,
-        CheckpointPolicy.PREFER_SAVE,
-        CheckpointPolicy.MUST_CPU_OFFLOAD,
-        CheckpointPolicy.PREFER_CPU_OFFLOAD,
-    }
-)
+#: The answers that keep the output in host memory until backward (on CPU tensors: an ordinary save).
+OFFLOADING = frozenset({CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
+#: The answers that keep the output for backward.
+SAVING = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE}) | OFFLOADING
 
 
 def op_name(op: Any) -> str:
@@ -65,7 +63,7 @@ def decide(value: Any, op: Any, call_index: int) -> CheckpointPolicy:
 
 def is_save(policy: CheckpointPolicy) -> bool:
     """Whether a policy keeps the op's output (SAVE and CPU_OFFLOAD do, RECOMPUTE does not)."""
-    return policy in _SAVING
+    return policy in SAVING
 
 
 class SaveList:
