@@ -26,6 +26,7 @@ __all__ = [
     "Region",
     "KEYED_OPS",
     "op_key",
+    "replay_key",
     "region_of",
     "tensor_versions",
     "schema_writes",
@@ -70,6 +71,11 @@ def op_key(func: Any, args: tuple) -> Hashable:
     idx, name = _compat.compiled_callable_key(args)
     key = (func, idx, name)
     return _keys.setdefault(key, key)
+
+
+def replay_key(func: Any, args: tuple) -> Hashable:
+    """The key a call is recorded and matched under: the op itself, or ``op_key`` for KEYED_OPS."""
+    return op_key(func, args) if func in KEYED_OPS else func
 
 
 def region_of(op: Any, args: tuple = ()) -> Region | None:

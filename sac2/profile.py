@@ -129,7 +129,7 @@ class _ProfileMode(CachingMode):
         kwargs = kwargs or {}
         if func in _compat.IGNORED_OPS:
             return func(*args, **kwargs)
-        key = hops.op_key(func, args) if func in hops.KEYED_OPS else func
+        key = hops.replay_key(func, args)
         return self._observe(func, key, lambda: func(*args, **kwargs), args, kwargs)
 
     def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:

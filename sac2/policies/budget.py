@@ -52,7 +52,7 @@ class MemoryBudget:
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if ctx is not self._ctx:
             self._ctx, self._counts = ctx, {}
-        key = hops.op_key(op, args) if op in hops.KEYED_OPS else op
+        key = hops.replay_key(op, args)
         n = self._counts.get(key, 0)
         self._counts[key] = n + 1
         decision = self._decisions.get((key, n))
