@@ -5,11 +5,12 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 
 from sac2 import policies
 from sac2.apply import apply_ac
-from sac2.checkpoint import checkpoint, create_selective_checkpoint_contexts
+from sac2.modes import forward_count
+from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
 from sac2.compiled import compiled_region, region
-from sac2.explain import Report, explain, plot_budgets
-from sac2.hops import Region, region_of
-from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext
+from sac2.report import Report, explain, plot_budgets
+from sac2.keys import Region, region_of
+from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.profile import activation_memory
 from sac2.wrappers import (
     CheckpointImpl,
@@ -41,6 +42,7 @@ __all__ = [
     "Report",
     "plot_budgets",
     "activation_memory",
+    "forward_count",
 ]
 
 __version__ = "0.1.0"

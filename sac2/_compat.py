@@ -6,7 +6,6 @@ Each name here says what sac2 needs, not how torch spells it today.
 from __future__ import annotations
 
 import itertools
-import threading
 from typing import Any, Callable
 
 import torch
@@ -31,16 +30,24 @@ __all__ = [
     "tag_traced_nodes",
     "mode_stack_len",
     "dispatch_mode_stack",
+    "no_modes",
     "pop_mode",
     "push_mode",
-    "sync_dispatch_flags",
+    "mode_classes",
+    "set_dispatch_flags",
     "dispatch_flags",
     "INDUCTOR_COMPILED_CODE",
     "TRITON_MUTATION",
     "compiled_callable_key",
     "triton_written_args",
     "backward_keeps_graph",
-    "skip_dynamo",
+    "skip_dynamo_in_mode",
+    "direct_call",
+    "schema",
+    "has_ordered_effect",
+    "storage_id",
+    "has_internal_overlap",
+    "op_packet",
     "default_generator",
     "allocation_sizes",
     "CheckpointImpl",
@@ -79,11 +86,20 @@ def detach_keeping_version(t: torch.Tensor) -> torch.Tensor:
         return t.detach()
 
 
+_TRACING_MODES = (
+    torch._C._TorchDispatchModeKey.PROXY,
+    torch._C._TorchDispatchModeKey.FAKE,
+    torch._C._TorchDispatchModeKey.FUNCTIONAL,
+)
+
+
 def tracing_for_compile() -> bool:
-    """True while AOTAutograd traces a checkpointed region (a proxy mode is active, not export tracing)."""
+    """True while torch.compile traces (dynamo's fake propagation, AOTAutograd's metadata pass, joint tracing,
+    partitioning): a proxy, fake or functional mode is active, and tensors have no real storage. Export's
+    non-strict tracing runs eagerly and is not tracing here."""
     if torch.compiler._is_non_strict_tracing():
         return False
-    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None
+    return any(torch._C._get_dispatch_mode(k) is not None for k in _TRACING_MODES)
 
 
 def tag_traced_nodes(run: Callable[[], Any], ac_graph_id: int, policy_of: Callable[[Any], Any]) -> Any:
@@ -118,6 +134,11 @@ def dispatch_mode_stack() -> list:
     return _pd._get_current_dispatch_mode_stack()
 
 
+def no_modes() -> Any:
+    """A context manager that takes every dispatch mode off this thread's stack for its body."""
+    return _pd._disable_current_modes()
+
+
 def pop_mode() -> Any:
     """Pop the innermost mode off this thread's stack, leaving torch's "in a mode" flags alone."""
     return _pd._pop_mode()
@@ -128,57 +149,20 @@ def push_mode(mode: Any) -> None:
     _pd._push_mode(mode)
 
 
-_flags_lock = threading.Lock()
-_flags_of_thread: dict[int, tuple[bool, bool, bool]] = {}  # threads inside sac2 -> what their own stack needs
-_sac2_depth: dict[int, int] = {}  # threads inside sac2 -> how many sac2 modes they are in
+def mode_classes() -> list[type]:
+    """The classes of the modes on this thread's dispatch-mode stack, outermost first."""
+    return [type(_pd._get_dispatch_stack_at(i)) for i in range(_pd._len_torch_dispatch_stack())]
 
 
-_class_flags: dict[type, tuple[bool, bool]] = {}
-
-
-def _own_dispatch_flags() -> tuple[bool, bool, bool]:
-    """What this thread's own mode stack needs the three flags to be (runs at every sac2 mode enter and exit)."""
-    n = _pd._len_torch_dispatch_stack()
-    non_infra = not_ignoring = False
-    for i in range(n):
-        cls = type(_pd._get_dispatch_stack_at(i))
-        flags = _class_flags.get(cls)
-        if flags is None:  # both are classmethods: ask once per mode class
-            flags = _class_flags[cls] = (not cls.is_infra_mode(), not cls.ignore_compile_internals())
-        non_infra |= flags[0]
-        not_ignoring |= flags[1]
-    return n > 0, non_infra, not_ignoring
-
-
-def sync_dispatch_flags(depth_change: int = 0) -> None:
-    """Set torch's process-wide "inside a dispatch mode" flags to what every thread inside sac2 needs.
-
-    torch keeps ``_is_in_torch_dispatch_mode``, ``_is_in_non_infra_torch_dispatch_mode`` and
-    ``_is_in_any_mode_without_ignore_compile_internals`` (mirrored in C++) as globals that each mode saves on enter
-    and restores on exit, so threads whose modes overlap leave them stuck True. sac2 sets each flag to the OR, over
-    the threads inside sac2 and the calling thread, of what that thread's own mode stack says. A thread never reads
-    False while it has a mode that needs True (compiled-region wrapping keys off it), and the flags drop back once
-    the last thread leaves. ``depth_change`` is +1 when the caller enters a sac2 mode, -1 when it leaves one.
-    """
-    in_mode, non_infra, not_ignoring = own = _own_dispatch_flags()
-    tid = threading.get_ident()
-    with _flags_lock:
-        depth = _sac2_depth.get(tid, 0) + depth_change
-        if depth > 0:
-            _sac2_depth[tid] = depth
-            _flags_of_thread[tid] = own
-        else:
-            _sac2_depth.pop(tid, None)
-            _flags_of_thread.pop(tid, None)
-        for a, b, c in _flags_of_thread.values():
-            in_mode, non_infra, not_ignoring = in_mode or a, non_infra or b, not_ignoring or c
-        _pd._is_in_torch_dispatch_mode, _pd._is_in_non_infra_torch_dispatch_mode = in_mode, non_infra
-        _pd._is_in_any_mode_without_ignore_compile_internals = not_ignoring
-        _pd.set_is_in_mode_without_ignore_compile_internals(not_ignoring)
+def set_dispatch_flags(in_mode: bool, non_infra: bool, not_ignoring: bool) -> None:
+    """Set torch's three process-wide "inside a dispatch mode" flags (the last one mirrored into C++)."""
+    _pd._is_in_torch_dispatch_mode, _pd._is_in_non_infra_torch_dispatch_mode = in_mode, non_infra
+    _pd._is_in_any_mode_without_ignore_compile_internals = not_ignoring
+    _pd.set_is_in_mode_without_ignore_compile_internals(not_ignoring)
 
 
 def dispatch_flags() -> tuple[bool, bool, bool]:
-    """torch's three "inside a dispatch mode" flags, as ``sync_dispatch_flags`` sets them."""
+    """torch's three "inside a dispatch mode" flags, as ``sac2.dispatch_flags.sync`` sets them."""
     return (
         _pd._is_in_torch_dispatch_mode,
         _pd._is_in_non_infra_torch_dispatch_mode,
@@ -246,14 +230,61 @@ def backward_keeps_graph() -> bool:
     return torch._C._autograd._get_current_graph_task_keep_graph()
 
 
-def skip_dynamo(fn: Callable) -> Callable:
-    """Never let dynamo trace ``fn`` or what it calls: what ``torch._disable_dynamo(recursive=True)`` does for a
-    dispatch mode's ``__torch_dispatch__``, marked on the code object instead of a wrapper frame on every call
-    (that wrapper costs about a microsecond per op on sac2's hottest path)."""
+def skip_dynamo_in_mode(cls: type) -> None:
+    """Never let dynamo trace a mode's ``__torch_dispatch__`` or what it calls: what torch's default
+    ``_should_skip_dynamo`` does with a ``torch._disable_dynamo(recursive=True)`` wrapper frame on every call
+    (about a microsecond per op on sac2's hottest path), marked on the code object instead."""
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
-    set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
-    return fn
+    cls._should_skip_dynamo = classmethod(lambda c: False)  # type: ignore[attr-defined]
+    set_code_exec_strategy(cls.__torch_dispatch__.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
+def direct_call(op: Any) -> Callable[..., Any]:
+    """The fastest callable that runs ``op`` as calling it would: an OpOverload's C++ handle (what
+    ``OpOverload.__call__`` calls, minus a Python frame) where that is what torch calls, else the op itself
+    (HOPs; custom ops whose ``_op`` is a Python dispatcher on torch 2.14+, which ``__call__`` guards)."""
+    if isinstance(op, OpOverload):
+        handle = op._op
+        if type(handle).__name__ == "builtin_function_or_method":
+            return handle
+    return op
+
+
+def schema(op: Any) -> Any:
+    """An OpOverload's ``torch.FunctionSchema``."""
+    return op._schema
+
+
+def has_ordered_effect(op: Any) -> bool:
+    """Whether an op has an ORDERED side effect (``aten._print``, torchbind calls...): it must not run twice.
+    c10d ops are excepted, as in torch 2.15's SAC (they return async work handles, no value to cache)."""
+    try:
+        from torch._higher_order_ops.effects import _EffectType, _get_effect, has_effects
+
+        if getattr(op, "namespace", None) == "c10d" or not has_effects(op):
+            return False
+        return _get_effect(op) == _EffectType.ORDERED
+    except Exception:  # not an op torch's effect registry knows
+        return False
+
+
+def storage_id(t: torch.Tensor) -> int | None:
+    """An id of the storage ``t`` lives in, shared by every alias of it; None for wrapper subclasses (DTensor,
+    nested jagged tensors), whose storage is not real."""
+    if _pd.is_traceable_wrapper_subclass(t):
+        return None
+    return t.untyped_storage()._cdata
+
+
+def has_internal_overlap(t: torch.Tensor) -> bool:
+    """Whether some elements of ``t`` share memory (an expanded view): it cannot be written with ``copy_``."""
+    return torch._debug_has_internal_overlap(t) == 1
+
+
+def op_packet(op: Any) -> Any:
+    """The OpOverloadPacket of an OpOverload (``aten.mm`` for ``aten.mm.default``); the op itself otherwise."""
+    return getattr(op, "_overloadpacket", op)
 
 
 def default_generator(device: torch.device) -> torch.Generator:

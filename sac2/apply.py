@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Union
 
 from torch import nn
 
-from sac2.checkpoint import create_selective_checkpoint_contexts
+from sac2.checkpointing import create_selective_checkpoint_contexts
 from sac2.policies import llm
 from sac2.wrappers import checkpoint_wrapper
 

@@ -20,22 +20,22 @@ from typing import Any, Callable, TypeVar, overload
 import torch
 
 from sac2 import _compat
-from sac2.hops import Region
-from sac2.modes import CachingMode, ReplayMode
+from sac2 import dispatch_flags
+from sac2.keys import Region
+from sac2.modes import SacMode
 
 __all__ = ["compiled_region", "region"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_SAC2_MODES = (CachingMode, ReplayMode)
 
 
 def _sac2_top() -> list:
     """The sac2 modes at the top of this thread's dispatch-mode stack, innermost last; [] outside sac2 SAC."""
     stack = _compat.dispatch_mode_stack()
     k = len(stack)
-    while k and isinstance(stack[k - 1], _SAC2_MODES):
+    while k and isinstance(stack[k - 1], SacMode):
         k -= 1
-    if k and any(isinstance(m, _SAC2_MODES) for m in stack[:k]):
+    if k and any(isinstance(m, SacMode) for m in stack[:k]):
         above = stack[k - 1]
         raise RuntimeError(
             f"sac2.compiled_region: {type(above).__module__}.{type(above).__qualname__} is on the dispatch-mode "
@@ -64,19 +64,18 @@ class compiled_region:
             return
         modes = _sac2_top()
         for mode in modes:
-            if type(mode) is CachingMode and mode._pending is not None:
-                mode._flush()  # its saved output's version, read now, lets later in-place writes in here show
+            mode.before_unrecorded()
         for _ in modes:
             self._popped.append(_compat.pop_mode())
         if modes:
-            _compat.sync_dispatch_flags()
+            dispatch_flags.sync()
 
     def __exit__(self, *exc: Any) -> None:
         if not self._popped:
             return
         while self._popped:
             _compat.push_mode(self._popped.pop())
-        _compat.sync_dispatch_flags()
+        dispatch_flags.sync()
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -124,6 +123,6 @@ def region(fn: Callable | None = None, *, name: str | None = None) -> Any:
         modes = _sac2_top()
         if not modes:
             return fn(*args, **kwargs)
-        return modes[-1]._region(key, run, run_kept, args, kwargs)
+        return modes[-1].region(key, run, run_kept, args, kwargs)
 
     return call

@@ -1,17 +1,16 @@
-"""sac2's two TorchDispatchModes and the record they share.
+"""sac2's two TorchDispatchModes: ``CachingMode`` records the forward, ``ReplayMode`` replays it in recompute.
 
-``CachingMode`` runs during forward: it records every op in order, asks the policy about each, and keeps the
-outputs of the ops the policy saves. ``ReplayMode`` runs during recompute: it walks the same record, serves saved
-outputs, re-runs everything else, and stops with a precise error the moment recompute diverges from forward
-(another op, an extra call, a missing call). The record is a plain list, one entry per op, so both per-op paths
-are a list append or an index and an identity check.
+``CachingMode`` runs each op, asks the policy about it, and records it (``sac2.record``): its key to recompute
+it, or a ``Saved`` entry to serve it. ``ReplayMode`` walks the same record, serves saved entries, re-runs the
+rest, and stops with a precise error the moment recompute diverges from forward. Both per-op paths are a table
+lookup (``sac2.opinfo``), a list append or an index and an identity check.
 
-Where stock SAC is silently wrong, these modes are not:
-- a saved op that wrote into its arguments has what it wrote copied into the replayed buffers;
-- a saved random op advances the generator in recompute as it did in forward;
-- a saved output that a later op of the forward modifies in place is recomputed instead (with a one-time
-  warning), because what was cached is no longer what the op produced.
-- a saved view op is re-run on its replayed input, since its output aliases forward's storage.
+Regions (``sac2.region`` calls) reach the modes through ``SacMode.region``; code that runs outside the modes
+(``sac2.compiled_region``) first calls ``SacMode.before_unrecorded``. Those two methods are the whole protocol.
+
+Under torch.compile tracing (a proxy, fake or functional mode is active) nothing eager-only runs: the forward
+mode tags the traced nodes with the policy and records every op, the replay mode serves it, and the
+partitioner decides from the tags, as in torch's SAC.
 """
 
 from __future__ import annotations
@@ -21,113 +20,41 @@ from typing import Any, Callable
 
 import torch
 
-from sac2 import _compat, hops
-from sac2._compat import TorchDispatchMode, tree_leaves, tree_map
+from sac2 import _compat, keys, writes
+from sac2 import dispatch_flags
 from sac2 import offload as _offload
-from sac2.policy import (
-    OFFLOADING,
-    SAVING,
-    CheckpointPolicy,
-    SaveList,
-    SelectiveCheckpointContext,
-    decide,
-    is_save,
-    op_name,
-)
+from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, SaveList, decide, op_name
+from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
+from sac2.record import Record, Saved, keep, rng_before, rng_moved, served, stored_leaves
 
-__all__ = ["Record", "CachingMode", "ReplayMode", "Saved"]
+__all__ = ["SacMode", "CachingMode", "ReplayMode", "forward_count", "warn_once"]
 
 Tensor = torch.Tensor
 _detach = _compat.detach_keeping_version
 _UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
-_warned: set[str] = set()
-
-# What kind of op a dispatched func is, cached by id(): OpOverload.__hash__ is Python code and the per-op path
-# must stay at one dict lookup. Classified ops are kept alive so their ids stay theirs.
-_PLAIN, _VIEW, _IGNORE, _HOP, _KEYED = 0, 1, 2, 3, 4
-_kinds: dict[int, int] = {}
-_classified: list[Any] = []
+_MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
+_warned: set[tuple[str, str]] = set()
+_forwards = 0
 
 
-def _classify(func: Any) -> int:
-    if func in _compat.IGNORED_OPS:
-        kind = _IGNORE
-    elif func in hops.KEYED_OPS:
-        kind = _KEYED
-    elif isinstance(func, _compat.OpOverload):
-        # A view's output aliases its input: serving forward's alias would tie recompute to forward's storage
-        # (wrong gradients once anything writes through it); re-running a view on its replayed input is free.
-        kind = _VIEW if func.is_view else _PLAIN
-    else:
-        kind = _HOP
-    _kinds[id(func)] = kind
-    _classified.append(func)
-    return kind
+def forward_count() -> int:
+    """How many checkpointed forwards sac2's forward mode has run (or traced) in this process.
+
+    A check that sac2, not torch's SAC, is doing the work: read it before and after a step.
+    """
+    return _forwards
 
 
-class _ArgRef:
-    """Stands, in a saved output, for an output that is one of the op's own (written) arguments."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: hops.Path) -> None:
-        self.path = path
-
-
-class Saved:
-    """A saved op in the record: its key, its detached outputs and what it wrote."""
-
-    __slots__ = ("key", "out", "tensors", "versions", "writes", "rng", "offload")
-
-    def __init__(self, key: Any) -> None:
-        self.key = key
-        self.out: Any = None
-        self.tensors: list[Tensor] = []
-        self.versions: list[int] | None = None
-        self.writes: list[tuple[hops.Path, Tensor]] | None = []  # None: a region that wrote where sac2 cannot see
-        self.rng: tuple[torch.Generator, Tensor] | None = None
-        self.offload: Any = None  # True while a CPU_OFFLOAD entry's forward runs, then sac2.offload's state
-
-    def record_versions(self) -> None:
-        self.versions = [t._version for t in self.tensors]
-
-    def modified(self) -> bool:
-        for t, v in zip(self.tensors, self.versions):
-            if t._version != v:
-                return True
-        return False
-
-
-class Record:
-    """What one forward ran: per op, its key (recompute) or a ``Saved`` entry, in call order."""
-
-    __slots__ = ("log", "saved_at")
-
-    def __init__(self) -> None:
-        self.log: list[Any] = []
-        self.saved_at: list[int] = []
-
-    def key_at(self, i: int) -> Any:
-        e = self.log[i]
-        return e.key if type(e) is Saved else e
-
-    def describe(self, i: int) -> str:
-        """``aten.mm.default (call 2 of that op, op 7 of the region)``: how errors name a position."""
-        key = self.key_at(i)
-        nth = sum(1 for j in range(i) if self.key_at(j) is key)
-        return f"{op_name(key)} (call {nth} of that op, op {i} of the region)"
-
-
-def _warn_once(key: Any, message: str) -> None:
-    name = op_name(key)
-    if name not in _warned:
-        _warned.add(name)
+def warn_once(kind: str, key: Any, message: str) -> None:
+    """Warn once per (kind of warning, op) in this process."""
+    if (kind, op_name(key)) not in _warned:
+        _warned.add((kind, op_name(key)))
         warnings.warn(message, stacklevel=3)
 
 
-class _Sac2Mode(TorchDispatchMode):
+class SacMode(_compat.TorchDispatchMode):
     """What both modes share: every HOP reaches ``__torch_dispatch__``, compiled code under them still compiles,
-    and torch's "inside a dispatch mode" flags stay right when threads overlap."""
+    torch's "inside a dispatch mode" flags stay right when threads overlap, and the region protocol."""
 
     supports_higher_order_operators = True
 
@@ -135,25 +62,29 @@ class _Sac2Mode(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         return True  # what compiled code dispatches is recorded like any op; dynamo need not skip the frame
 
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # torch would wrap __torch_dispatch__ in a disable frame; _compat.skip_dynamo marks it instead
-
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _compat.skip_dynamo(cls.__torch_dispatch__)
+        _compat.skip_dynamo_in_mode(cls)
 
-    def __enter__(self):
+    def __enter__(self) -> SacMode:
         super().__enter__()
-        _compat.sync_dispatch_flags(+1)  # torch's save/restore of its mode flags breaks when threads overlap
+        dispatch_flags.sync(+1)  # torch's save/restore of its mode flags breaks when threads overlap
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         super().__exit__(exc_type, exc, tb)
-        _compat.sync_dispatch_flags(-1)
+        dispatch_flags.sync(-1)
+
+    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+        """A ``sac2.region`` call: one op for the policy. ``run`` leaves the body's backward state to the
+        checkpoint; ``run_kept`` keeps it for real (a saved region never runs in backward)."""
+        raise NotImplementedError
+
+    def before_unrecorded(self) -> None:
+        """Code this mode will not see is about to run (``compiled_region``): settle what it must read first."""
 
 
-class CachingMode(_Sac2Mode):
+class CachingMode(SacMode):
     """Forward: run each op, ask the policy, record it, keep the outputs of saved ops."""
 
     def __init__(self, policy_fn: Callable, record: Record) -> None:
@@ -162,205 +93,226 @@ class CachingMode(_Sac2Mode):
         self.record = record
         self._log = record.log  # the per-op paths skip one attribute lookup
         self.ac_graph_id: int | None = None  # set by torch when it traces this region for torch.compile
+        #: The user's (pack, unpack) saved-tensor hooks that saved entries go through, or None (set by sac2's
+        #: checkpoint for ``respect_saved_tensors_hooks=True``).
+        self.saved_tensors_hooks: tuple[Callable, Callable] | None = None
         self._save_ops = policy_fn.ops if type(policy_fn) is SaveList else None
         self._save_ids = None if self._save_ops is None else frozenset(map(id, self._save_ops))
-        self._ctx = SelectiveCheckpointContext(is_recompute=False)
-        self._pending: Saved | None = None
+        self._ctx = ForwardContext()
+        self._pending: list[Saved] = []  # entries whose versions are read at the next op (after autograd's bump)
         self._policy_error: TypeError | None = None
+        self._tracing = False
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __enter__(self) -> CachingMode:
+        global _forwards
+        _forwards += 1
+        self._tracing = _compat.tracing_for_compile()
+        return super().__enter__()  # type: ignore[return-value]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}
-        if self._pending is not None:
+        if self._pending:
             self._flush()
-        kind = _kinds.get(id(func))
-        if kind is None:
-            kind = _classify(func)
-        if self.ac_graph_id is not None and _compat.tracing_for_compile():
-            return self._trace(func, kind, args, kwargs)
-        if kind == _IGNORE:
-            return func._op(*args, **kwargs)
-
-        if kind <= _VIEW:
+        op = TABLE.get(id(func)) or info(func)
+        kind = op.kind
+        if self._tracing:
+            return self._trace(func, op, args, kwargs)
+        if kind == IGNORE:
+            return op.call(*args, **kwargs)
+        record = self.record
+        rng = rng_before(op.random or kind >= HOP, args, kwargs)  # a HOP may draw random numbers inside
+        if kind <= VIEW:
             before = None
-            out = func._op(*args, **kwargs)  # what OpOverload.__call__ does, minus a Python frame
+            out = op.call(*args, **kwargs)
             key = func
-            if func is _UNSAFE_VIEW and self.record.saved_at:
-                self._watch_alias(args[0], out)
+            if record.by_storage:
+                self._track_op(func, op, args, kwargs, out)
         else:
-            before = hops.tensor_versions(args, kwargs)
+            before = writes.tensor_versions(args, kwargs)
             out = func(*args, **kwargs)
-            key = func if kind == _HOP else hops.op_key(func, args)
-            if self.record.saved_at:
-                self._mark_overwritten(hops.unversioned_writes(func, args, kwargs))
+            key = func if kind == HOP else keys.op_key(func, args)
+            if record.by_storage:
+                record.wrote([t for t, v in before if t._version != v])
+                record.wrote(writes.unversioned_writes(func, args, kwargs))
         log = self._log
         if self._save_ids is not None:
-            save = id(func) in self._save_ids or (kind == _KEYED and hops.region_of(func, args) in self._save_ops)
+            save = id(func) in self._save_ids or (kind == KEYED and keys.region_of(func, args) in self._save_ops)
+            offload = False
+            save = save or op.ordered
         else:
-            ctx = self._ctx
-            ctx.op_output = out
-            try:
-                value = self.policy_fn(ctx, func, *args, **kwargs)
-            except TypeError as error:  # e.g. compose() rejecting a piece's answer: keep it from being lost
-                self._policy_error = error
-                raise
-            if type(value) is CheckpointPolicy:
-                save = value in SAVING
-            elif type(value) is bool:
-                save = value
-            else:
-                self._bad_policy(value, func, len(log))
-        if save and kind != _VIEW:
-            entry = self._save(key, func, args, kwargs, out, before)
+            policy = self._decide(func, op, args, kwargs, out, len(log))
+            save, offload = policy in SAVING, policy in OFFLOADING
+        if save and kind != VIEW:
+            entry = self._save(key, func, op, args, kwargs, out, before)
             if entry is not None:
-                if self._save_ids is None and type(value) is CheckpointPolicy and value in OFFLOADING:
-                    entry.offload = True
-                self.record.saved_at.append(len(log))
+                entry.rng = rng_moved(rng)
+                entry.offload = True if offload else None
+                record.saved_at.append(len(log))
                 log.append(entry)
                 return out
         log.append(key)
         return out
 
-    def _save(self, key, func, args, kwargs, out, before) -> Saved | None:
+    def _track_op(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any) -> None:
+        """Tell the record what an op did to storages its saved entries hold."""
+        record = self.record
+        if op.kind == VIEW:
+            if op.writes:  # an in-place view op bumps its argument's version without touching its data
+                self._pending.extend(record.holders(args[0]))
+            elif func is _UNSAFE_VIEW:  # shares its input's storage but not its version counter
+                for entry in record.holders(args[0]):
+                    entry.watch(out)
+        elif op.writes:
+            record.wrote([t for _, t in writes.expand(args, kwargs, op.writes)])
+
+    def _decide(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
+        """The policy's answer for one op call, as a ``CheckpointPolicy``; ordered side effects are saved unless
+        the policy demands recompute (they must not run twice)."""
+        ctx = self._ctx
+        ctx.op_output = out
+        try:
+            policy = decide(self.policy_fn(ctx, func, *args, **kwargs), func, call_index)
+        except TypeError as error:
+            # Tensor operators (``a * b``) turn a TypeError raised inside them into "unsupported operand
+            # type(s)", so ``__exit__`` raises it again if it was lost.
+            self._policy_error = error
+            raise
+        if op.ordered and policy is not _MUST_RECOMPUTE:
+            return CheckpointPolicy.MUST_SAVE
+        return policy
+
+    def _save(
+        self, key: Any, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, before: list | None
+    ) -> Saved | None:
         entry = Saved(key)
-        if before is None and type(out) is Tensor and not hops.schema_writes(func):
+        if before is None and type(out) is Tensor and not op.writes:
             # The common case (a functional aten op with one output), kept short: it is on the per-op path.
             d = _detach(out)
             entry.out = d
             entry.tensors.append(d)
-        elif not self._save_general(entry, func, args, kwargs, out, before):
-            return None
-        if before is not None or hops.is_random(func):
-            # A HOP may draw random numbers inside (sac2 cannot see into it): serving it must skip them too.
-            entry.rng = _rng_after(out, args, kwargs.get("generator"))
+        else:
+            written = writes.writes_of(func, args, kwargs, out, before, op.writes)
+            if written is None:
+                warn_once("unseen-writes", key, _unseen_writes(key))
+                return None
+            for _, t in written:
+                if _compat.has_internal_overlap(t):
+                    warn_once("overlap", key, _overlapping_write(key))
+                    return None
+            keep(entry, out, written)
+        self.record.track(entry)
         # In-place ops get their version bump from autograd after this returns: read versions at the next op.
-        self._pending = entry
+        self._pending.append(entry)
         return entry
 
-    def _save_general(self, entry: Saved, func, args, kwargs, out, before) -> bool:
-        """Fill ``entry`` for any op: what it wrote and its outputs; False if sac2 cannot save it safely."""
-        writes = hops.writes_of(func, args, kwargs, out, before)
-        if writes is None:
-            _warn_once(entry.key, _unseen_writes(entry.key))
-            return False
-        _keep(entry, out, writes)
-        return True
-
-    def _bad_policy(self, value: Any, op: Any, call_index: int) -> None:
-        """Raise the TypeError for a policy value, remembering it: Tensor operators (``a * b``) turn a TypeError
-        raised inside them into "unsupported operand type(s)", so ``__exit__`` raises it again if it was lost.
-        TypeErrors the policy raises itself are remembered the same way."""
-        try:
-            decide(value, op, call_index)
-        except TypeError as error:
-            self._policy_error = error
-            raise
-
-    def _mark_overwritten(self, written: list[Tensor]) -> None:
-        """Saved entries whose storage a HOP just wrote without a version bump are stale, like a version change."""
-        if not written:
-            return
-        ptrs = {t.untyped_storage().data_ptr() for t in written}
-        for i in self.record.saved_at:
-            entry = self.record.log[i]
-            if any(t.untyped_storage().data_ptr() in ptrs for t in entry.tensors):
-                entry.versions = [-1] * len(entry.tensors)  # modified() now reads True
-
-    def _watch_alias(self, base: Tensor, alias: Tensor) -> None:
-        """``_unsafe_view`` (matmul's 3-D @ 2-D result) shares its input's storage but not its version counter: a
-        saved entry holding that storage watches the alias too, so a write through it marks the entry stale."""
-        ptr = base.untyped_storage().data_ptr()
-        for i in self.record.saved_at:
-            entry = self.record.log[i]
-            if any(t.untyped_storage().data_ptr() == ptr for t in entry.tensors):
-                entry.tensors.append(_detach(alias))
-                entry.versions.append(alias._version)
-
     def _flush(self) -> None:
-        self._pending.record_versions()
-        self._pending = None
+        for entry in self._pending:
+            entry.record_versions()
+        self._pending.clear()
 
-    def _trace(self, func, kind, args, kwargs):
-        """Under torch.compile tracing: tag the FX nodes with the policy; the partitioner decides from the tags.
+    def before_unrecorded(self) -> None:
+        if self._pending:
+            self._flush()  # versions read now let in-place writes in the unrecorded code show
 
-        Ignored ops (detach, metadata queries) are tagged PREFER_RECOMPUTE and not recorded, as torch's SAC does.
-        """
-        log = self.record.log
+    def _trace(self, func: Any, op: OpInfo, args: tuple, kwargs: dict) -> Any:
+        """Under torch.compile tracing: record every op (recompute serves it) and tag the FX nodes with the
+        policy; the partitioner decides from the tags. Ignored ops are tagged PREFER_RECOMPUTE and not recorded."""
+        log = self._log
+        key = keys.replay_key(func, args)
 
         def policy_of(out: Any) -> CheckpointPolicy:
-            if kind == _IGNORE:
+            if op.kind == IGNORE:
                 return CheckpointPolicy.PREFER_RECOMPUTE
-            self._ctx.op_output = out
-            policy = decide(self.policy_fn(self._ctx, func, *args, **kwargs), func, len(log))
-            entry = Saved(func)
-            entry.out = tree_map(lambda x: _detach(x) if isinstance(x, Tensor) else x, out)
-            entry.versions = []
-            log.append(entry)  # while tracing, everything is served from the record, as in torch's SAC
+            policy = self._decide(func, op, args, kwargs, out, len(log))
+            entry = Saved(key)
+            entry.out = _compat.tree_map(lambda x: _detach(x) if isinstance(x, Tensor) else x, out)
+            log.append(entry)
             return policy
 
+        if self.ac_graph_id is None:  # traced without a graph to tag (fake propagation, AOT's metadata pass)
+            out = func(*args, **kwargs)
+            policy_of(out)
+            return out
         return _compat.tag_traced_nodes(lambda: func(*args, **kwargs), self.ac_graph_id, policy_of)
 
-    def __exit__(self, exc_type, exc, tb):
+    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+        """A region is decided before it runs (``ctx.op_output`` is None). Saved: its outputs are recorded and
+        ``run_kept`` keeps its backward state; recomputed: ``run`` leaves that to the checkpoint."""
+        if self._pending:
+            self._flush()
+        log = self._log
+        if self._save_ops is not None:
+            save, offload = key in self._save_ops, False
+        else:
+            self._ctx.op_output = None
+            try:
+                policy = decide(self.policy_fn(self._ctx, key, *args, **kwargs), key, len(log))
+            except TypeError as error:
+                self._policy_error = error
+                raise
+            save, offload = policy in SAVING, policy in OFFLOADING
+        if not save:
+            out = run(*args, **kwargs)
+            log.append(key)
+            return out
+        before = writes.tensor_versions(args, kwargs)
+        with _compat.no_modes():
+            rng = rng_before(True, args, kwargs)
+        out = run_kept(*args, **kwargs)
+        entry = Saved(key)
+        written = writes.writes_of(key, args, kwargs, out, before)
+        keep(entry, out, written or [])
+        # Which outputs required grad: served ones must too, or recompute saves less than forward did.
+        ids = {id(t) for _, t in written or []}
+        grads = tuple(t.requires_grad for t in _compat.tree_leaves(out) if isinstance(t, Tensor) and id(t) not in ids)
+        entry.out = (entry.out, grads)
+        with _compat.no_modes():
+            entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
+        entry.record_versions()
+        if written is None:
+            warn_once("unseen-writes", key, _unseen_writes(key))
+            entry.writes = None  # what it wrote is unknown: ReplayMode.region runs it again instead of serving
+        elif offload:
+            entry.offload = True
+            self.record.saved_at.append(len(log))
+        log.append(entry)
+        return out
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._ctx.op_output = None  # policies may keep ctx as a per-forward key; it must not keep a tensor alive
+        record = self.record
         try:
-            if self._pending is not None:
+            if self._pending:
                 self._flush()
-            if exc_type is None:
+            record.stop_tracking()
+            if exc_type is None and not self._tracing:
                 self._drop_modified()
-                _offload.to_host(e for e in map(self.record.log.__getitem__, self.record.saved_at) if e.offload)
+                saved = [record.log[i] for i in record.saved_at]
+                _offload.to_host(e for e in saved if e.offload)
+                hooks = self.saved_tensors_hooks
+                if hooks is not None:
+                    for e in saved:
+                        if not e.offload:
+                            e.pack(hooks)
         finally:
             super().__exit__(exc_type, exc, tb)
         error, self._policy_error = self._policy_error, None
         if error is not None and exc is not error:
             raise error
 
-    def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
-        """A ``sac2.region`` call, one op for the policy, decided before it runs (``ctx.op_output`` is None).
-
-        Saved: ``run_kept`` keeps what its backward needs, and its outputs are recorded to be served in
-        recompute. Recomputed: ``run`` leaves its backward state to the checkpoint, and recompute runs it again.
-        """
-        if self._pending is not None:
-            self._flush()
-        log = self.record.log
-        if self._save_ops is not None:
-            save = key in self._save_ops
-        else:
-            self._ctx.op_output = None
-            value = self.policy_fn(self._ctx, key, *args, **kwargs)
-            if type(value) is not CheckpointPolicy and type(value) is not bool:
-                self._bad_policy(value, key, len(log))
-            save = is_save(decide(value, key, len(log)))
-        if not save:
-            out = run(*args, **kwargs)
-            log.append(key)
-            return out
-        before = hops.tensor_versions(args, kwargs)
-        out = run_kept(*args, **kwargs)
-        entry = Saved(key)
-        writes = hops.writes_of(key, args, kwargs, out, before)
-        _keep(entry, out, writes or [])
-        # Which outputs required grad: served ones must too, or recompute saves less than forward did.
-        written = {id(t) for _, t in writes or []}
-        grads = tuple(t.requires_grad for t in tree_leaves(out) if isinstance(t, Tensor) and id(t) not in written)
-        entry.out = (entry.out, grads)
-        entry.rng = _rng_after(out, args)  # recompute skips the region: skip the numbers it drew, too
-        entry.record_versions()
-        if writes is None:
-            _warn_once(key, _unseen_writes(key))
-            entry.writes = None  # what it wrote is unknown: ReplayMode._region runs it again instead of serving
-        log.append(entry)  # not in saved_at: a region modified later is re-run at replay, see ReplayMode._region
-        return out
-
     def _drop_modified(self) -> None:
-        """Saved outputs that a later op of this forward modified in place are recomputed instead of served."""
+        """Saved outputs that a later op of this forward wrote into are recomputed instead of served."""
         record = self.record
-        keep = []
+        kept = []
         for i in record.saved_at:
             entry = record.log[i]
-            if entry.modified():
+            if type(entry.key) is keys.Region:
+                kept.append(i)  # an offloaded region: ReplayMode.region checks it
+            elif entry.modified():
                 what = "wrote" if entry.writes else "returned"
-                _warn_once(
+                warn_once(
+                    "modified-in-forward",
                     entry.key,
                     f"sac2: the policy saves {record.describe(i)}, but a tensor it {what} was modified in place "
                     f"later in the forward, so the saved value is stale; sac2 recomputes this op in backward "
@@ -368,11 +320,11 @@ class CachingMode(_Sac2Mode):
                 )
                 record.log[i] = entry.key
             else:
-                keep.append(i)
-        record.saved_at = keep
+                kept.append(i)
+        record.saved_at = kept
 
 
-class ReplayMode(_Sac2Mode):
+class ReplayMode(SacMode):
     """Recompute: walk the record, serve saved ops, re-run the rest, fail loudly on any divergence."""
 
     def __init__(self, record: Record, allow_cache_entry_mutation: bool = False) -> None:
@@ -382,22 +334,25 @@ class ReplayMode(_Sac2Mode):
         self.allow_cache_entry_mutation = allow_cache_entry_mutation
         self._cursor = 0
 
-    def __enter__(self):
+    def __enter__(self) -> ReplayMode:
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
         super().__enter__()
-        log = self.record.log
-        _offload.prefetch(e for e in map(log.__getitem__, self.record.saved_at) if type(e) is Saved and e.offload)
+        log = self._log
+        entries = [log[i] for i in self.record.saved_at if type(log[i]) is Saved]
+        _offload.prefetch(e for e in entries if e.offload)
+        for e in log:
+            if type(e) is Saved and e.hooks is not None:
+                e.unpack()
         return self
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
             kwargs = {}
-        kind = _kinds.get(id(func))
-        if kind is None:
-            kind = _classify(func)
-        if kind == _IGNORE:
-            return func._op(*args, **kwargs)
-        key = func if kind != _KEYED else hops.op_key(func, args)
+        op = TABLE.get(id(func)) or info(func)
+        kind = op.kind
+        if kind == IGNORE:
+            return op.call(*args, **kwargs)
+        key = func if kind != KEYED else keys.op_key(func, args)
         i = self._cursor
         try:
             entry = self._log[i]
@@ -408,7 +363,7 @@ class ReplayMode(_Sac2Mode):
             ) from None
         self._cursor = i + 1
         if entry is key:
-            return func._op(*args, **kwargs) if kind == _PLAIN else func(*args, **kwargs)
+            return op.call(*args, **kwargs)
         if type(entry) is Saved and entry.key is key:
             return self._serve(entry, i, func, args, kwargs)
         raise RuntimeError(
@@ -416,7 +371,7 @@ class ReplayMode(_Sac2Mode):
             f"{self.record.describe(i)}, recompute ran {op_name(key)}. {_DIVERGED}"
         )
 
-    def _serve(self, entry: Saved, i: int, func, args, kwargs):
+    def _serve(self, entry: Saved, i: int, func: Any, args: tuple, kwargs: dict) -> Any:
         if entry.modified():
             if not self.allow_cache_entry_mutation:
                 raise RuntimeError(
@@ -428,9 +383,9 @@ class ReplayMode(_Sac2Mode):
             return func(*args, **kwargs)
         if entry.offload is not None:
             _offload.ready(entry)
-        _restore(entry, args, kwargs)  # below autograd here: copy_ records nothing
+        entry.restore(args, kwargs)  # below autograd here: copy_ records nothing
         if _compat.backward_keeps_graph():
-            out = _served(entry.out, args, kwargs)  # another recompute serves this entry again
+            out = served(entry.out, args, kwargs)  # another recompute serves this entry again
             if entry.offload is not None:
                 _offload.release(entry)
             return out
@@ -440,11 +395,11 @@ class ReplayMode(_Sac2Mode):
         out = entry.out
         if type(out) is Tensor:
             return out
-        return _served(out, args, kwargs)
+        return served(out, args, kwargs)
 
-    def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
-        """A ``sac2.region`` call in recompute: serve what forward saved, else run it (its one run in backward)."""
-        log = self.record.log
+    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+        """Serve what forward saved, else run the region (its one run in backward)."""
+        log = self._log
         i = self._cursor
         entry = log[i] if i < len(log) else None
         if entry is key:
@@ -455,30 +410,34 @@ class ReplayMode(_Sac2Mode):
             if entry.writes is None:
                 return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
             if entry.modified():
-                _warn_once(
+                warn_once(
+                    "modified-after-region",
                     key,
                     f"sac2: the policy saves {self.record.describe(i)}, but a tensor it returned or wrote was "
                     f"modified in place after it ran, so the saved value is stale; sac2 runs the region again in "
                     f"backward instead. Have the policy recompute it to silence this warning.",
                 )
                 return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
-            with torch.no_grad():  # a region runs above autograd
-                _restore(entry, args, kwargs)
+            if entry.offload is not None:
+                _offload.ready(entry)
+            with torch.no_grad(), _compat.no_modes():  # a region runs above autograd and the modes
+                entry.restore(args, kwargs)
             out, grads = entry.out
-            served = _served(out, args, kwargs)
-            stored = tree_leaves(out, is_leaf=lambda x: type(x) is _ArgRef)
-            fresh = [t for o, t in zip(stored, tree_leaves(served)) if isinstance(o, Tensor)]
+            result = served(out, args, kwargs)
+            fresh = [t for o, t in zip(stored_leaves(out), _compat.tree_leaves(result)) if isinstance(o, Tensor)]
             for t, requires_grad in zip(fresh, grads):
                 t.requires_grad_(requires_grad)
-            return served
+            if entry.offload is not None:
+                _offload.release(entry)
+            return result
         ran = self.record.describe(i) if entry is not None else f"only {len(log)} ops"
         raise RuntimeError(
             f"sac2: recompute diverged from forward at op {i} of the region: forward ran {ran}, recompute ran "
             f"{op_name(key)}. {_DIVERGED}"
         )
 
-    def __exit__(self, exc_type, exc, tb):
-        cursor, n = self._cursor, len(self.record.log)
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        cursor, n = self._cursor, len(self._log)
         super().__exit__(exc_type, exc, tb)
         if exc_type is None and cursor != n:
             raise RuntimeError(
@@ -489,7 +448,9 @@ class ReplayMode(_Sac2Mode):
 
 _DIVERGED = (
     "The checkpointed function must run the same ops in backward as in forward: look for control flow that "
-    "depends on global state, on data that changed since forward, or on whether a tensor requires grad."
+    "depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for "
+    "state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when "
+    "training with checkpointing)."
 )
 
 
@@ -500,68 +461,9 @@ def _unseen_writes(key: Any) -> str:
     )
 
 
-def _keep(entry: Saved, out: Any, writes: list[tuple[hops.Path, Tensor]]) -> None:
-    """Fill a saved entry: detached aliases of what the op wrote and of its outputs (written arguments among the
-    outputs become ``_ArgRef``s, served as the replayed arguments)."""
-    written = {id(t): path for path, t in writes}
-    entry.writes = [(path, _detach(t)) for path, t in writes]
-    entry.out = _detached(out, written, entry.tensors)
-    entry.tensors.extend(t for _, t in entry.writes)
-
-
-def _restore(entry: Saved, args: tuple, kwargs: dict) -> None:
-    """Serving a saved entry: leave the generator and the written arguments as running the op would have."""
-    if entry.rng is not None:
-        gen, state = entry.rng
-        gen.set_state(state)
-    for path, saved in entry.writes:
-        hops.locate(args, kwargs, path).copy_(saved)
-
-
-def _rng_after(out: Any, args: tuple, gen: torch.Generator | None = None) -> tuple[torch.Generator, Tensor]:
-    """The generator an op drew from (its ``generator=`` or its device's default) and its state now."""
-    gen = gen or _compat.default_generator(_device_of(out, args))
-    return gen, gen.get_state()
-
-
-def _device_of(out: Any, args: tuple) -> torch.device:
-    for x in (out, *args):
-        if isinstance(x, Tensor):
-            return x.device
-    return torch.device("cpu")
-
-
-def _detached(out: Any, written: dict[int, hops.Path], tensors: list[Tensor]) -> Any:
-    """``out`` with tensors detached (collected into ``tensors``) and written arguments as ``_ArgRef``s."""
-
-    def one(x: Any) -> Any:
-        if not isinstance(x, Tensor):
-            return x
-        path = written.get(id(x))
-        if path is not None:
-            return _ArgRef(path)
-        d = _detach(x)
-        tensors.append(d)
-        return d
-
-    if type(out) is Tensor:
-        return one(out)
-    if type(out) is tuple:
-        return tuple(one(x) for x in out)
-    return tree_map(one, out)
-
-
-def _served(out: Any, args: tuple, kwargs: dict) -> Any:
-    """A fresh alias of each saved tensor (autograd attaches history to what a mode returns) and the replayed
-    arguments in place of ``_ArgRef``s."""
-
-    def one(x: Any) -> Any:
-        if type(x) is _ArgRef:
-            return hops.locate(args, kwargs, x.path)
-        return _detach(x) if isinstance(x, Tensor) else x
-
-    if type(out) is Tensor:
-        return _detach(out)
-    if type(out) is tuple:
-        return tuple(one(x) for x in out)
-    return tree_map(one, out, is_leaf=lambda x: type(x) is _ArgRef)
+def _overlapping_write(key: Any) -> str:
+    return (
+        f"sac2: the policy saves {op_name(key)}, which wrote into a tensor whose elements overlap in memory (an "
+        f"expanded view), so what it wrote cannot be copied back; it is recomputed in backward instead of saved. "
+        f"Have the policy recompute it, or write into a contiguous tensor, to silence this warning."
+    )

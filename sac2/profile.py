@@ -18,11 +18,13 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from sac2 import _compat, hops
+from sac2 import _compat, keys, writes
 from sac2._compat import TorchDispatchMode, tree_leaves
-from sac2.checkpoint import checkpoint
-from sac2.modes import CachingMode, Record, ReplayMode, Saved
-from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext, as_policy, decide, op_name
+from sac2.answers import CheckpointPolicy, ForwardContext, SelectiveCheckpointContext, as_policy, decide, op_name
+from sac2.checkpointing import checkpoint
+from sac2.modes import CachingMode, ReplayMode, SacMode
+from sac2.opinfo import IGNORE, info
+from sac2.record import Record, Saved
 
 __all__ = ["OpCall", "Profile", "profile", "activation_memory"]
 
@@ -94,27 +96,26 @@ def profile(
     return Profile(mode.calls, mode.storage_bytes, "s" if cost == "time" else "flop", policy)
 
 
-def _no_policy(ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> bool:
-    return False
-
-
 def _unmeasurable(t: Tensor) -> bool:
     return t.device.type == "meta" or isinstance(t, _compat.FakeTensor)
 
 
 def _storage_key(t: Tensor) -> int:
-    return t.untyped_storage()._cdata
+    k = _compat.storage_id(t)
+    return id(t) if k is None else k
 
 
-class _ProfileMode(CachingMode):
+class _ProfileMode(SacMode):
     """Runs each op once, recording its key, call index, storages and cost (and the policy's answer).
 
-    A ``CachingMode`` so that ``sac2.region`` calls reach it as one op, as they reach the forward mode.
-    In "flops" mode a ``_FlopCount`` sits below it and counts what each op (or region body) runs.
+    A ``SacMode``, so ``sac2.region`` calls reach it as one op, as they reach the forward mode, and policies get
+    the per-forward context they get there. In "flops" mode a ``_FlopCount`` below it counts what each op
+    (or region body) runs.
     """
 
     def __init__(self, cost: str, policy: Any, counter: _FlopCount | None) -> None:
-        super().__init__(policy or _no_policy, Record())
+        super().__init__()
+        self._ctx = ForwardContext()
         self.cost = cost
         self.policy = policy
         self.counter = counter
@@ -127,27 +128,27 @@ class _ProfileMode(CachingMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _compat.IGNORED_OPS:
+        if info(func).kind == IGNORE:  # what the forward mode does not record is not an op for a policy
             return func(*args, **kwargs)
-        key = hops.replay_key(func, args)
+        key = keys.replay_key(func, args)
         return self._observe(func, key, lambda: func(*args, **kwargs), args, kwargs)
 
-    def _region(self, key: hops.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         return self._observe(key, key, lambda: run(*args, **kwargs), args, kwargs)
 
     def _observe(self, func: Any, key: Any, run: Callable[[], Any], args: tuple, kwargs: dict) -> Any:
         is_op = isinstance(func, _compat.OpOverload)
-        before = None if is_op else hops.tensor_versions(args, kwargs)
+        before = None if is_op else writes.tensor_versions(args, kwargs)
         out, cost = self._run(run, args, kwargs)
-        writes = hops.writes_of(func, args, kwargs, out, before)
-        unseen = writes is None
-        writes = writes or []
-        tensors = [t for t in tree_leaves(out) if isinstance(t, Tensor)] + [t for _, t in writes]
+        written = writes.writes_of(func, args, kwargs, out, before)
+        unseen = written is None
+        written = written or []
+        tensors = [t for t in tree_leaves(out) if isinstance(t, Tensor)] + [t for _, t in written]
         self._alive.append((out, tensors))
         storages = self._storages(tensors, args, kwargs)
         view = is_op and func.is_view
         i = len(self.calls)
-        for _, t in writes:  # what earlier calls returned in this storage is no longer what they produced
+        for _, t in written:  # what earlier calls returned in this storage is no longer what they produced
             s = self._storage_ids.get(_storage_key(t))
             for j in self._writers.get(s, ()):
                 self.calls[j].stale = True
@@ -157,7 +158,7 @@ class _ProfileMode(CachingMode):
         self._counts[key] = index + 1
         call = OpCall(key, index, op_name(key), storages, 0.0 if view else cost, view, stale=unseen)
         if self.policy is not None:
-            self._ctx.op_output = None if type(func) is hops.Region else out  # as the forward mode does
+            self._ctx.op_output = None if type(func) is keys.Region else out  # as the forward mode does
             call.decision = decide(self.policy(self._ctx, func, *args, **kwargs), func, i)
         self.calls.append(call)
         return out
@@ -209,7 +210,7 @@ class _FlopCount(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not (isinstance(func, _compat.OpOverload) and func.is_view):
-            packet = getattr(func, "_overloadpacket", func)
+            packet = _compat.op_packet(func)
             formula = flop_registry.get(_SAME_FLOPS_AS.get(packet, packet))
             self.total += formula(*args, **kwargs, out_val=out) if formula is not None else _numel(out)
         return out

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from sac2 import _compat
-from sac2.checkpoint import checkpoint
+from sac2.checkpointing import checkpoint
 
 __all__ = [
     "CheckpointImpl",

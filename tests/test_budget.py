@@ -73,7 +73,7 @@ class TestMemoryBudget(TestCase):
         model, x = _model(), _input()
         for preset in (llm_save_list(), [aten.mm.default]):
             preset_profile = profile(model, (x,), cost="flops", policy=preset)
-            saved = [i for i, c in enumerate(preset_profile.calls) if sac2.policy.is_save(c.decision)]
+            saved = [i for i, c in enumerate(preset_profile.calls) if sac2.answers.is_save(c.decision)]
             preset_bytes = preset_profile.kept_bytes(saved)
             policy = memory_budget(model, (x,), preset_bytes, cost="flops")
             self.assertLessEqual(policy.kept_bytes, preset_bytes)
@@ -151,7 +151,7 @@ class TestOnTheBenchModel(TestCase):
         block, x = self.block, (self.x,)
         everything = activation_memory(block, x, _save_all)
         preset = profile(block, x, cost="flops", policy=sac2.policies.llm())
-        saved = [i for i, c in enumerate(preset.calls) if sac2.policy.is_save(c.decision)]
+        saved = [i for i, c in enumerate(preset.calls) if sac2.answers.is_save(c.decision)]
         preset_bytes, preset_cost = preset.kept_bytes(saved), preset.recompute_cost(saved)
         for budget in (0.3, 0.5, 0.7):
             policy = memory_budget(block, x, budget, cost="flops")

@@ -18,7 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 from sac2 import _compat
-from sac2.modes import CachingMode, Record
+from sac2.modes import CachingMode
+from sac2.record import Record
 
 DTYPE = torch.float64
 NO_FLAGS = (False, False, False)

@@ -112,13 +112,13 @@ class TestRecomputeDivergence(TestCase):
         return str(cm.exception)
 
     def test_other_op(self) -> None:
-        self.assertExpectedInline(self._backward_error(_other_op_in_recompute), """sac2: recompute diverged from forward at op 0 of the region: forward ran aten.sin.default (call 0 of that op, op 0 of the region), recompute ran aten.cos.default. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad.""")
+        self.assertExpectedInline(self._backward_error(_other_op_in_recompute), """sac2: recompute diverged from forward at op 0 of the region: forward ran aten.sin.default (call 0 of that op, op 0 of the region), recompute ran aten.cos.default. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")
 
     def test_extra_call(self) -> None:
-        self.assertExpectedInline(self._backward_error(_extra_call_in_recompute, early_stop=False), """sac2: recompute ran aten.mul.Tensor as op 2 of the region, but the forward ran only 2 ops. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad.""")
+        self.assertExpectedInline(self._backward_error(_extra_call_in_recompute, early_stop=False), """sac2: recompute ran aten.mul.Tensor as op 2 of the region, but the forward ran only 2 ops. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")
 
     def test_missing_call(self) -> None:
-        self.assertExpectedInline(self._backward_error(_missing_call_in_recompute, early_stop=False), """sac2: recompute ended after 2 ops, but the forward ran 3; the first op missing is aten.mul.Tensor (call 0 of that op, op 2 of the region). The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad.""")
+        self.assertExpectedInline(self._backward_error(_missing_call_in_recompute, early_stop=False), """sac2: recompute ended after 2 ops, but the forward ran 3; the first op missing is aten.mul.Tensor (call 0 of that op, op 2 of the region). The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")
 
 
 def _mm_sin(a: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 from expecttest import TestCase
 from torch import nn
 
-from sac2.explain import Report, explain, plot_budgets
+from sac2.report import Report, explain, plot_budgets
 from sac2.policies.budget import memory_budget
 
 aten = torch.ops.aten

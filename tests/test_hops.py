@@ -17,7 +17,7 @@ from torch._C import DispatchKey
 from torch._ops import HigherOrderOperator
 
 import sac2
-from sac2.modes import Saved
+from sac2.record import Saved
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402

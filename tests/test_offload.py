@@ -4,7 +4,7 @@ import torch
 from expecttest import TestCase
 
 import sac2
-from sac2.policy import CheckpointPolicy
+from sac2.answers import CheckpointPolicy
 
 _runs = {"n": 0}
 

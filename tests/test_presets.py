@@ -9,7 +9,7 @@ from torch import nn
 
 import sac2
 from sac2 import policies
-from sac2.policy import op_name
+from sac2.answers import op_name
 
 
 class Attention(nn.Module):

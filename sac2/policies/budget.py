@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from sac2 import hops
+from sac2 import keys
 from sac2.knapsack import Solution, solve
-from sac2.policy import CheckpointPolicy, SelectiveCheckpointContext, op_name
+from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
 from sac2.profile import Profile, profile
 
 __all__ = ["MemoryBudget", "memory_budget"]
@@ -26,7 +26,7 @@ class MemoryBudget:
     """A policy answering, per (op, call index) of the forward, what the budget solver chose.
 
     PREFER_* answers, so ``compose`` with a MUST_* piece overrides it. Call counts restart with each forward
-    (each checkpointed call gets a fresh ``SelectiveCheckpointContext`` from sac2's forward mode).
+    (each checkpointed call gets a fresh context from sac2's forward mode; torch's modes have none: it raises).
     """
 
     def __init__(self, profiled: Profile, saved: frozenset[int], capacity: int, solution: Solution) -> None:
@@ -36,8 +36,6 @@ class MemoryBudget:
         self.rule = f"memory_budget({capacity} B, {solution.method})"
         self.saved = saved
         self._decisions = {(c.key, c.index): SAVE if i in saved else RECOMPUTE for i, c in enumerate(profiled.calls)}
-        self._ctx: SelectiveCheckpointContext | None = None
-        self._counts: dict[Any, int] = {}
 
     @property
     def kept_bytes(self) -> int:
@@ -50,11 +48,10 @@ class MemoryBudget:
         return self.profile.recompute_cost(self.saved)
 
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if ctx is not self._ctx:
-            self._ctx, self._counts = ctx, {}
-        key = hops.replay_key(op, args)
-        n = self._counts.get(key, 0)
-        self._counts[key] = n + 1
+        counts = forward_state(ctx, self)  # per forward: nested checkpoints sharing this policy count apart
+        key = keys.replay_key(op, args)
+        n = counts.get(key, 0)
+        counts[key] = n + 1
         decision = self._decisions.get((key, n))
         if decision is None:
             raise RuntimeError(

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import importlib
 import warnings
-import weakref
 from typing import Any, Iterable
 
 import torch
 from torch import nn
 
 from sac2 import _compat
-from sac2.hops import Region
-from sac2.policy import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, op_name
+from sac2.keys import Region
+from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
 
 __all__ = ["llm_save_list", "llm", "every_other_matmul", "recompute_linears", "compose"]
 
@@ -137,20 +136,18 @@ _MATMULS = tuple(
 class _EveryOtherMatmul:
     """Counts the matmuls of each forward; keeps the 1st, 3rd, 5th..., recomputes the 2nd, 4th...
 
-    The count lives on the ``SelectiveCheckpointContext``, which sac2 creates once per forward of a checkpointed
-    block, so one policy object can serve every block and every step.
+    The count lives in the forward's context (``sac2.answers.forward_state``), which sac2 creates once per forward
+    of a checkpointed block, so one policy object serves every block, nested ones included, and every step; it
+    holds no state of its own.
     """
 
-    __slots__ = ("_counts", "__weakref__")
-
-    def __init__(self) -> None:
-        self._counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    __slots__ = ()
 
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if op not in _MATMULS:
             return PREFER_RECOMPUTE
-        n = self._counts.get(ctx, 0) + 1
-        self._counts[ctx] = n
+        state = forward_state(ctx, _EveryOtherMatmul)
+        n = state["matmuls"] = state.get("matmuls", 0) + 1
         return MUST_SAVE if n % 2 else MUST_RECOMPUTE
 
     def __repr__(self) -> str:
@@ -160,8 +157,8 @@ class _EveryOtherMatmul:
 def every_other_matmul() -> PolicyFn:
     """Save every other matmul (mm, addmm, linear, _scaled_mm) of each forward of a block, recompute the others.
 
-    Halves what the matmuls keep at the cost of recomputing half of them. Only counts with sac2's own modes,
-    which give the policy one context per forward (torch's stock modes make a new one per op).
+    Halves what the matmuls keep at the cost of recomputing half of them. Counts need sac2's own modes, which give
+    the policy one context per forward; under torch's stock modes (a new context per op) it raises.
     """
     return _EveryOtherMatmul()
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from sac2.policies.budget import solve_budget
-from sac2.policy import OFFLOADING, SaveList, as_policy, is_save
+from sac2.answers import OFFLOADING, SaveList, as_policy, is_save
 from sac2.profile import Profile, profile
 
 __all__ = ["Row", "Report", "explain", "plot_budgets"]
@@ -92,9 +92,6 @@ def plot_budgets(
     curve = _curve(prof)
     _plot(curve, None, prof.cost_unit, path)
     return curve
-
-
-explain.plot_budgets = plot_budgets  # type: ignore[attr-defined]  # the spelling `sac2.explain.plot_budgets`
 
 
 def _report(prof: Profile, policy: Any) -> Report:

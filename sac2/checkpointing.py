@@ -12,8 +12,9 @@ from typing import Any, Callable, ContextManager
 import torch.utils.checkpoint as _tuc
 
 from sac2 import _compat
-from sac2.modes import CachingMode, Record, ReplayMode
-from sac2.policy import as_policy
+from sac2.modes import CachingMode, ReplayMode
+from sac2.record import Record
+from sac2.answers import as_policy
 
 __all__ = ["checkpoint", "create_selective_checkpoint_contexts"]
 

@@ -1,4 +1,4 @@
-"""The policy vocabulary: what a policy may return, and how a list of ops becomes a policy.
+"""What a policy may answer, how an answer becomes a decision, and how a list of ops becomes a policy.
 
 sac2 re-exports torch's ``CheckpointPolicy`` and ``SelectiveCheckpointContext`` rather than defining look-alikes,
 so a policy written for either library returns values the other understands, and comparisons such as
@@ -12,12 +12,14 @@ from typing import Any, Callable, Iterable, Union
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from sac2 import _compat
-from sac2.hops import Region
+from sac2.keys import Region
 
 __all__ = [
     "CheckpointPolicy",
     "SelectiveCheckpointContext",
     "PolicyFn",
+    "ForwardContext",
+    "forward_state",
     "OFFLOADING",
     "SAVING",
     "SaveList",
@@ -33,6 +35,34 @@ PolicyFn = Callable[..., Union[CheckpointPolicy, bool]]
 OFFLOADING = frozenset({CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD})
 #: The answers that keep the output for backward.
 SAVING = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE}) | OFFLOADING
+
+
+class ForwardContext(SelectiveCheckpointContext):
+    """The context sac2's forward mode passes to a policy: one per checkpointed forward (torch makes one per op),
+    with ``state`` for policies that count calls within a forward (see ``forward_state``)."""
+
+    def __init__(self) -> None:
+        super().__init__(is_recompute=False)
+        self.state: dict[Any, dict] = {}
+
+
+def forward_state(ctx: SelectiveCheckpointContext, owner: Any) -> dict:
+    """The state ``owner`` (a policy) keeps for the checkpointed forward ``ctx`` belongs to, new each forward.
+
+    Nested checkpoints have separate contexts, so separate state. Under torch's own SAC modes there is no
+    per-forward context (torch makes a new one per op), so a policy that needs one raises instead of deciding
+    wrongly.
+    """
+    if type(ctx) is not ForwardContext:
+        raise RuntimeError(
+            f"sac2: the policy {owner!r} counts op calls within each checkpointed forward, which needs sac2's "
+            f"modes: build the context_fn with sac2.create_selective_checkpoint_contexts (it works with "
+            f"torch.utils.checkpoint.checkpoint too), not torch's create_selective_checkpoint_contexts."
+        )
+    state = ctx.state.get(owner)
+    if state is None:
+        state = ctx.state[owner] = {}
+    return state
 
 
 def op_name(op: Any) -> str:

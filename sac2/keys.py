@@ -1,0 +1,65 @@
+"""Replay keys: what a call is recorded and matched under, and the named regions a policy can match.
+
+Most ops are their own key. ``inductor_compiled_code`` runs many different compiled callables: each gets its own
+replay key, so a policy can save one region and recompute another, and can match a region by the ``name=`` given
+to torch.compile. ``sac2.region`` calls are keyed by a ``Region``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+from sac2 import _compat
+
+__all__ = ["Region", "KEYED_OPS", "op_key", "replay_key", "region_of"]
+
+
+class Region:
+    """A named unit of work that a policy can match: a ``sac2.region`` call or a ``torch.compile(name=...)`` region.
+
+    ``Region("attn")`` in a save list saves every region of that name. The policy receives the ``Region`` itself
+    as ``op`` for ``sac2.region`` calls; for compiled code it receives torch's ``inductor_compiled_code`` HOP and
+    ``sac2.region_of(op, args)`` names the region.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Region and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("sac2.Region", self.name))
+
+    def __repr__(self) -> str:
+        return f"Region({self.name!r})"
+
+
+#: Ops whose replay key is not the op itself.
+KEYED_OPS: frozenset = frozenset(op for op in (_compat.INDUCTOR_COMPILED_CODE,) if op is not None)
+
+_keys: dict[tuple, tuple] = {}
+
+
+def op_key(func: Any, args: tuple) -> Hashable:
+    """The replay key of a KEYED_OPS call: one interned key per compiled callable, so keys compare by identity."""
+    idx, name = _compat.compiled_callable_key(args)
+    key = (func, idx, name)
+    return _keys.setdefault(key, key)
+
+
+def replay_key(func: Any, args: tuple) -> Hashable:
+    """The key a call is recorded and matched under: the op itself, or ``op_key`` for KEYED_OPS."""
+    return op_key(func, args) if func in KEYED_OPS else func
+
+
+def region_of(op: Any, args: tuple = ()) -> Region | None:
+    """The ``Region`` an op stands for (a sac2 region, or compiled code given a name), else None."""
+    if type(op) is Region:
+        return op
+    if op is _compat.INDUCTOR_COMPILED_CODE and args:
+        name = _compat.compiled_callable_key(args)[1]
+        return Region(name) if name else None
+    return None

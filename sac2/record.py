@@ -1,0 +1,249 @@
+"""The record one checkpointed forward leaves for its recompute, and what its saved entries hold.
+
+The record is a plain list, one entry per op in call order: the op's replay key (recompute it) or a ``Saved``
+entry (serve it). A ``Saved`` entry holds detached aliases of what the op returned and wrote, the generator
+states around it, and, for CPU offload or user saved-tensor hooks, packed copies.
+
+While the forward runs, the record also tracks which storages its saved entries live in. Any later write into
+one of those storages (an in-place op, ``out=``, a HOP or Triton kernel, through any alias: a view, a factory
+op's Python-side tensor, matmul's ``_unsafe_view``) makes the entry stale, so it is recomputed instead of served.
+The lookup is one dict access per written tensor: flat in the length of the region. Writes after the forward
+are seen through version counters, which every served alias shares.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sac2 import _compat, writes
+from sac2._compat import tree_map
+from sac2.answers import op_name
+
+__all__ = ["Saved", "Record", "keep", "served", "rng_before", "GeneratorState"]
+
+Tensor = torch.Tensor
+_detach = _compat.detach_keeping_version
+
+#: (generator, state before the op, state after it): serving moves the generator only from before to after.
+GeneratorState = tuple[torch.Generator, Tensor, Tensor]
+
+
+class _ArgRef:
+    """Stands, in a saved output, for an output that is one of the op's own (written) arguments."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: writes.Path) -> None:
+        self.path = path
+
+
+class Saved:
+    """A saved op in the record: its key, its detached outputs, what it wrote and the generator it moved."""
+
+    __slots__ = ("key", "out", "tensors", "versions", "writes", "rng", "offload", "stale", "hooks", "packed")
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        self.out: Any = None
+        self.tensors: list[Tensor] = []
+        self.versions: list[int] = []
+        self.writes: list[tuple[writes.Path, Tensor]] | None = []  # None: a region wrote where sac2 cannot see
+        self.rng: GeneratorState | None = None
+        self.offload: Any = None  # True while a CPU_OFFLOAD entry's forward runs, then sac2.offload's state
+        self.stale = False  # written into later in the forward: recompute instead
+        self.hooks: tuple[Any, Any] | None = None  # the user's saved-tensor hooks the entry was packed with
+        self.packed: Any = None
+
+    def record_versions(self) -> None:
+        self.versions = [t._version for t in self.tensors]
+
+    def watch(self, alias: Tensor) -> None:
+        """Also see in-place writes through ``alias``, which shares a storage but not a version counter."""
+        self.tensors.append(_detach(alias))
+        self.versions.append(alias._version)
+
+    def modified(self) -> bool:
+        if self.stale:
+            return True
+        for t, v in zip(self.tensors, self.versions):
+            if t._version != v:
+                return True
+        return False
+
+    def restore(self, args: tuple, kwargs: dict) -> None:
+        """Serving: leave the generator and the written arguments as running the op would have.
+
+        The generator moves only when recompute is replaying forward's random stream (``preserve_rng_state``):
+        then it stands where it stood before the op. Otherwise backward leaves every generator alone.
+        """
+        if self.rng is not None:
+            gen, before, after = self.rng
+            if torch.equal(gen.get_state(), before):
+                gen.set_state(after)
+        for path, saved in self.writes:
+            target = writes.locate(args, kwargs, path)
+            if target.shape != saved.shape:
+                target.resize_(saved.shape)  # an out= op resized its output: do as it did
+            target.copy_(saved)
+
+    def pack(self, hooks: tuple[Any, Any]) -> None:
+        """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served."""
+        pack_hook = hooks[0]
+
+        def one(x: Any) -> Any:
+            return _Packed(pack_hook(x)) if isinstance(x, Tensor) else x
+
+        self.hooks = hooks
+        self.packed = (tree_map(one, self.out), [(p, _Packed(pack_hook(t))) for p, t in self.writes])
+        self.out, self.writes = None, []
+        self.tensors, self.versions = [], []  # what the hooks hold is theirs: sac2 no longer watches it
+
+    def unpack(self) -> None:
+        """Put what the hooks kept back into the entry (the packed form stays, for another backward)."""
+        unpack_hook = self.hooks[1]
+
+        def one(x: Any) -> Any:
+            return unpack_hook(x.value) if type(x) is _Packed else x
+
+        out, written = self.packed
+        self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
+        self.writes = [(p, one(t)) for p, t in written]
+
+
+class _Packed:
+    """What a user's pack hook returned for one tensor (any object: kept opaque for tree_map)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Record:
+    """What one forward ran: per op, its key (recompute) or a ``Saved`` entry, in call order.
+
+    ``saved_at`` lists the positions of saved op entries (regions are not in it); while the forward runs,
+    ``by_storage`` maps each storage a saved entry holds to the entries holding it.
+    """
+
+    __slots__ = ("log", "saved_at", "by_storage")
+
+    def __init__(self) -> None:
+        self.log: list[Any] = []
+        self.saved_at: list[int] = []
+        self.by_storage: dict[int, list[Saved]] = {}
+
+    def key_at(self, i: int) -> Any:
+        e = self.log[i]
+        return e.key if type(e) is Saved else e
+
+    def describe(self, i: int) -> str:
+        """``aten.mm.default (call 2 of that op, op 7 of the region)``: how errors name a position."""
+        key = self.key_at(i)
+        nth = sum(1 for j in range(i) if self.key_at(j) is key)
+        return f"{op_name(key)} (call {nth} of that op, op {i} of the region)"
+
+    def track(self, entry: Saved) -> None:
+        """Watch the storages ``entry`` holds for later writes in this forward."""
+        by_storage = self.by_storage
+        for t in entry.tensors:
+            k = _compat.storage_id(t)
+            if k is not None:
+                hit = by_storage.get(k)
+                if hit is None:
+                    by_storage[k] = [entry]
+                elif hit[-1] is not entry:
+                    hit.append(entry)
+
+    def wrote(self, tensors: list[Tensor]) -> None:
+        """An op of the forward wrote into ``tensors``: saved entries holding their storages are stale."""
+        by_storage = self.by_storage
+        for t in tensors:
+            hit = by_storage.get(_compat.storage_id(t))
+            if hit is not None:
+                for entry in hit:
+                    entry.stale = True
+
+    def holders(self, t: Tensor) -> list[Saved]:
+        """The saved entries holding ``t``'s storage."""
+        return self.by_storage.get(_compat.storage_id(t), [])
+
+    def stop_tracking(self) -> None:
+        self.by_storage = {}
+
+
+def keep(entry: Saved, out: Any, written: list[tuple[writes.Path, Tensor]]) -> None:
+    """Fill a saved entry: detached aliases of what the op wrote and of its outputs (written arguments among the
+    outputs become ``_ArgRef``s, served as the replayed arguments)."""
+    paths = {id(t): path for path, t in written}
+    entry.writes = [(path, _detach(t)) for path, t in written]
+    entry.out = _detached(out, paths, entry.tensors)
+    entry.tensors.extend(t for _, t in entry.writes)
+
+
+def rng_before(info_random: bool, args: tuple, kwargs: dict) -> tuple[torch.Generator, Tensor] | None:
+    """The generator a random op or HOP is about to draw from, and its state now (None for ops that draw nothing)."""
+    if not info_random:
+        return None
+    gen = kwargs.get("generator") or _compat.default_generator(_device_of(args, kwargs))
+    return gen, gen.get_state()
+
+
+def rng_moved(before: tuple[torch.Generator, Tensor] | None) -> GeneratorState | None:
+    """(generator, before, after) if the call moved the generator, else None."""
+    if before is None:
+        return None
+    gen, state = before
+    after = gen.get_state()
+    return None if torch.equal(after, state) else (gen, state, after)
+
+
+def _device_of(args: tuple, kwargs: dict) -> torch.device:
+    for x in args:
+        if isinstance(x, Tensor):
+            return x.device
+    device = kwargs.get("device")
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def _detached(out: Any, written: dict[int, writes.Path], tensors: list[Tensor]) -> Any:
+    """``out`` with tensors detached (collected into ``tensors``) and written arguments as ``_ArgRef``s."""
+
+    def one(x: Any) -> Any:
+        if not isinstance(x, Tensor):
+            return x
+        path = written.get(id(x))
+        if path is not None:
+            return _ArgRef(path)
+        d = _detach(x)
+        tensors.append(d)
+        return d
+
+    if type(out) is Tensor:
+        return one(out)
+    if type(out) is tuple:
+        return tuple(one(x) for x in out)
+    return tree_map(one, out)
+
+
+def served(out: Any, args: tuple, kwargs: dict) -> Any:
+    """A fresh alias of each saved tensor (autograd attaches history to what a mode returns) and the replayed
+    arguments in place of ``_ArgRef``s."""
+
+    def one(x: Any) -> Any:
+        if type(x) is _ArgRef:
+            return writes.locate(args, kwargs, x.path)
+        return _detach(x) if isinstance(x, Tensor) else x
+
+    if type(out) is Tensor:
+        return _detach(out)
+    if type(out) is tuple:
+        return tuple(one(x) for x in out)
+    return tree_map(one, out, is_leaf=lambda x: type(x) is _ArgRef)
+
+
+def stored_leaves(out: Any) -> list[Any]:
+    """The leaves of a saved output, ``_ArgRef``s included."""
+    return _compat.tree_leaves(out, is_leaf=lambda x: type(x) is _ArgRef)
