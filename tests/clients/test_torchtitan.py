@@ -1,0 +1,108 @@
+"""torchtitan 0.3.0: ``FullAC`` and ``SelectiveAC`` on its llama3 debug model (SDPA attention), backed by sac2."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchtitan")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torchtitan.distributed import activation_checkpoint as tt_ac  # noqa: E402
+
+import sac2  # noqa: E402
+from sac2.integrations import install  # noqa: E402
+from sac2.integrations.torchtitan import apply_ac  # noqa: E402
+
+from . import assert_bitwise_equal, tokens, train  # noqa: E402
+
+VOCAB = 2048
+
+
+def debug_model() -> torch.nn.Module:
+    """torchtitan's llama3 ``debugmodel`` with every block's inner attention set to ScaledDotProductAttention
+    (0.3.0's ``attn_backend="sdpa"`` is refused for language models; the class itself is causal SDPA)."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import llama3_configs
+
+    config = llama3_configs["debugmodel"](attn_backend="flex")
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    model = config.build()
+    torch.manual_seed(0)
+    model.init_weights()
+    return model
+
+
+def n_layers() -> int:
+    return len(debug_model().layers)
+
+
+def loss_fn(ids: torch.Tensor):
+    def run(model: torch.nn.Module) -> torch.Tensor:
+        logits = model(ids[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return tokens(vocab=VOCAB, seq=33)
+
+
+@pytest.fixture(scope="module")
+def no_ac(ids):
+    return train(debug_model(), loss_fn(ids))
+
+
+def full_ac():
+    return tt_ac.FullAC.Config().build()
+
+
+def selective_ac():
+    return tt_ac.SelectiveAC.Config().build()
+
+
+@pytest.mark.parametrize("make_ac", [full_ac, selective_ac], ids=["FullAC", "SelectiveAC"])
+def test_apply_ac_wraps_every_block_with_sac2(make_ac):
+    model = debug_model()
+    wrapped = apply_ac(make_ac(), model)
+    assert wrapped == [f"layers.{name}" for name in model.layers.keys()]
+    assert all(isinstance(block, sac2.CheckpointWrapper) for block in model.layers.values())
+
+
+@pytest.mark.parametrize("make_ac", [full_ac, selective_ac], ids=["FullAC", "SelectiveAC"])
+def test_apply_ac_trains_bitwise_like_no_ac(no_ac, ids, make_ac):
+    model = debug_model()
+    apply_ac(make_ac(), model)
+    assert_bitwise_equal(train(model, loss_fn(ids)), no_ac)
+
+
+@pytest.mark.parametrize("make_ac", [full_ac, selective_ac], ids=["FullAC", "SelectiveAC"])
+def test_apply_ac_runs_sac2_modes_in_every_block_forward(ids, make_ac):
+    model = debug_model()
+    apply_ac(make_ac(), model)
+    before = sac2.forward_count()
+    train(model, loss_fn(ids))
+    assert sac2.forward_count() - before == len(model.layers) * 2
+
+
+def test_selective_ac_applied_under_install_keeps_sac2_after_uninstall(ids):
+    """SelectiveAC's context_fn looks create_selective_checkpoint_contexts up on every forward; a model wrapped
+    while installed still runs sac2's modes after uninstall()."""
+    model = debug_model()
+    with install():
+        selective_ac().apply(model)
+    assert tt_ac.create_selective_checkpoint_contexts is torch.utils.checkpoint.create_selective_checkpoint_contexts
+    before = sac2.forward_count()
+    train(model, loss_fn(ids))
+    assert sac2.forward_count() - before == len(model.layers) * 2
+
+
+def test_config_fields_apply_ac_relies_on():
+    """The torchtitan 0.3.0 facts docs/torchtitan.md states."""
+    assert tt_ac.FullAC.Config().preserve_rng_state is True
+    assert tt_ac.SelectiveAC.Config().force_recompute_mm_shapes_by_fqns == ["moe.router.gate"]
+    assert tt_ac.MemoryBudgetAC.Config().memory_budget == 0.5
