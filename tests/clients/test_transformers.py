@@ -17,7 +17,8 @@ from sac2.integrations import install, installed  # noqa: E402
 from . import assert_bitwise_equal, assert_close, hf_loss, tiny_llama, tokens, train  # noqa: E402
 
 LAYERS = 2
-TORCH_CREATE_SAC_CONTEXTS = tuc.create_selective_checkpoint_contexts  # torch's own, held before any install()
+# torch's own function, held before any install() in a tuple: install() rebinds module-level names that are it.
+TORCH_CREATE_SAC_CONTEXTS = (tuc.create_selective_checkpoint_contexts,)
 
 
 def sac2_context_fn():
@@ -71,7 +72,7 @@ def test_install_makes_torch_sac_code_run_sac2_bitwise_like_no_ac(no_ac):
     """Code written for torch's SAC (its create_selective_checkpoint_contexts, held before install) runs sac2."""
     ids = tokens()
     model = tiny_llama()
-    torch_context_fn = functools.partial(TORCH_CREATE_SAC_CONTEXTS, sac2.policies.llm())
+    torch_context_fn = functools.partial(TORCH_CREATE_SAC_CONTEXTS[0], sac2.policies.llm())
     with install() as handle:
         model.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False, "context_fn": torch_context_fn}
@@ -85,7 +86,7 @@ def test_install_makes_torch_sac_code_run_sac2_bitwise_like_no_ac(no_ac):
 def test_install_rebinds_transformers_import_time_checkpoint():
     import transformers.modeling_utils as mu
 
-    torch_checkpoint = tuc.checkpoint
+    (torch_checkpoint,) = (tuc.checkpoint,)
     assert mu.checkpoint is torch_checkpoint
     with install() as handle:
         assert mu.checkpoint is not torch_checkpoint

@@ -62,7 +62,7 @@ def test_trl_helper_module_binding_is_rebound_by_install():
     import trl.models.selective_activation_checkpointing as trl_sac
     import torch.utils.checkpoint as tuc
 
-    torch_fn = tuc.create_selective_checkpoint_contexts
+    (torch_fn,) = (tuc.create_selective_checkpoint_contexts,)  # a local: install() rebinds only module-level names
     assert trl_sac.create_selective_checkpoint_contexts is torch_fn
     with install() as handle:
         assert trl_sac.create_selective_checkpoint_contexts is not torch_fn
