@@ -6,6 +6,7 @@ Each name here says what sac2 needs, not how torch spells it today.
 from __future__ import annotations
 
 import itertools
+import sys
 from typing import Any, Callable
 
 import torch
@@ -28,6 +29,8 @@ __all__ = [
     "detach_keeping_version",
     "tracing_for_compile",
     "tag_traced_nodes",
+    "annotate_region",
+    "traced_region",
     "mode_stack_len",
     "dispatch_mode_stack",
     "no_modes",
@@ -38,6 +41,7 @@ __all__ = [
     "dispatch_flags",
     "INDUCTOR_COMPILED_CODE",
     "TRITON_MUTATION",
+    "compiled_regions_wrapped",
     "compiled_callable_key",
     "triton_written_args",
     "backward_keeps_graph",
@@ -124,6 +128,20 @@ def tag_traced_nodes(run: Callable[[], Any], ac_graph_id: int, policy_of: Callab
     return out
 
 
+_REGION = "sac2_region"
+
+
+def annotate_region(name: str) -> Any:
+    """While torch.compile traces, mark the FX nodes traced in the body as belonging to region ``name``."""
+    return fx_traceback.annotate({_REGION: name})
+
+
+def traced_region() -> str | None:
+    """The region the op being traced belongs to (see ``annotate_region``), or None."""
+    custom = fx_traceback.current_meta.get("custom")
+    return custom.get(_REGION) if custom else None
+
+
 def mode_stack_len() -> int:
     """Depth of this thread's Python dispatch-mode stack."""
     return _pd._len_torch_dispatch_stack()
@@ -184,6 +202,13 @@ INDUCTOR_COMPILED_CODE = _hop("wrap", "inductor_compiled_code")
 FLEX_ATTENTION = _hop("flex_attention", "flex_attention")
 #: The HOP a user Triton kernel runs as; it returns None and writes into its tensor kwargs.
 TRITON_MUTATION = _hop("triton_kernel_wrap", "triton_kernel_wrapper_mutation")
+
+
+def compiled_regions_wrapped() -> bool:
+    """Whether compiled code runs as ``inductor_compiled_code`` under a dispatch mode
+    (``torch._inductor.config.wrap_inductor_compiled_regions``), where a policy can match it by name."""
+    config = sys.modules.get("torch._inductor.config")
+    return bool(getattr(config, "wrap_inductor_compiled_regions", False))
 
 
 def compiled_callable_key(args: tuple) -> tuple[int, str | None]:
@@ -328,3 +353,120 @@ def wrap_policy_targets(policy: Any, root: torch.nn.Module) -> dict:
     if run is None:
         raise ValueError(f"sac2: auto_wrap_policy {policy!r} is neither callable nor an FSDP wrap policy.")
     return run(root, ignored_modules=set(), root_kwargs={})
+
+
+# --- pickling ---
+# An OpOverload holds pybind11 function records and a HOP holds local functions: neither pickles, so neither does
+# a policy or a context_fn holding one (the HF Trainer pickles its TrainingArguments). sac2 registers a reducer
+# with copyreg that rebuilds an op by its path under ``torch.ops``; importing sac2 is enough, for torch's own list
+# policies too. The loading process must have the op registered (import the module defining a custom op first).
+import copyreg  # noqa: E402
+
+__all__ += ["op_path", "op_at_path", "register_op_pickling"]
+
+
+def op_path(op: Any) -> str:
+    """An op's path under ``torch.ops``: ``aten.mm.default``, ``higher_order.flex_attention``."""
+    if isinstance(op, OpOverload):
+        namespace, name = op._schema.name.split("::")
+        return f"{namespace}.{name}.{op._overloadname}"
+    return f"higher_order.{op.name()}"
+
+
+def op_at_path(path: str) -> Any:
+    """The op ``op_path`` named: the very object this process's ``torch.ops`` holds."""
+    obj: Any = torch.ops
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _reduce_op(op: Any) -> tuple:
+    return op_at_path, (op_path(op),)
+
+
+def register_op_pickling(ops: Any) -> None:
+    """Register the reducer for the type of each op among ``ops`` (tuple keys are looked into). pickle finds a
+    reducer by exact type, and each HOP has a class of its own: one defined after sac2's import needs this."""
+    for item in ops:
+        for op in item if type(item) is tuple else (item,):
+            if isinstance(op, (OpOverload, HigherOrderOperator)) and type(op) not in copyreg.dispatch_table:
+                copyreg.pickle(type(op), _reduce_op)
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
+
+
+for _cls in _subclasses(OpOverload) + _subclasses(HigherOrderOperator):
+    copyreg.pickle(_cls, _reduce_op)
+
+
+# --- nested checkpoints ---
+__all__ += ["in_checkpoint_forward"]
+
+#: The code of the pack hook torch's non-reentrant checkpoint pushes for its forward (``_checkpoint_hook``).
+_CHECKPOINT_PACK = next(
+    (c for c in _tuc._checkpoint_hook.__init__.__code__.co_consts if getattr(c, "co_name", None) == "pack_hook"), None
+)
+
+
+def in_checkpoint_forward() -> bool:
+    """Whether this thread runs inside the forward of a non-reentrant ``torch.utils.checkpoint`` (sac2's, HF's,
+    torch's wrappers): the innermost saved-tensor hooks are that checkpoint's. Hooks pushed inside it
+    (``save_on_cpu``) hide it; its recompute in backward pushes other hooks, so does not count."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if hooks is None or _CHECKPOINT_PACK is None:
+        return False
+    return getattr(hooks[0], "__code__", None) is _CHECKPOINT_PACK
+
+
+# --- the partitioner's compute-intensive ops (sac2.policies.torchtitan) ---
+__all__ += ["partitioner_compute_intensive_ops"]
+
+
+def partitioner_compute_intensive_ops() -> list:
+    """The default overloads of the ops AOTAutograd's min-cut partitioner counts as compute intensive
+    (``get_default_op_list().compute_intensive_ops``): where torchtitan's default save list starts."""
+    from torch._functorch.partitioners import get_default_op_list
+
+    return [packet.default for packet in get_default_op_list().compute_intensive_ops]
+
+
+# --- the user's saved-tensor hooks (sac2.checkpoint's respect_saved_tensors_hooks) ---
+__all__ += ["user_saved_tensors_hooks"]
+
+
+def user_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
+    """The (pack, unpack) pair a tensor saved for backward right now would go through, or None, looking past the
+    hooks checkpoints push themselves (an outer checkpoint's placeholders, its recompute's capture) to the user's.
+
+    torch 2.14+ marks its own hooks and keeps the pair beneath them (``_current_user_saved_tensors_hooks``); on
+    2.13 they are recognised by the module that defines them, and the pair beneath is read by popping them for a
+    moment. Either way nested checkpoints resolve to the hooks the user pushed.
+    """
+    lookup = getattr(_tuc, "_current_user_saved_tensors_hooks", None)
+    if lookup is not None:
+        return lookup()
+    autograd = torch._C._autograd
+    hooks = autograd._top_saved_tensors_default_hooks(False)
+    if hooks is None or not _checkpoint_internal(hooks):
+        return hooks
+    if not autograd._saved_tensors_hooks_is_enabled():
+        return None  # hooks can't be pushed back now; under disable_saved_tensors_hooks nothing may be saved
+    popped = []
+    try:
+        while hooks is not None and _checkpoint_internal(hooks):
+            popped.append(hooks)
+            autograd._pop_saved_tensors_default_hooks()
+            hooks = autograd._top_saved_tensors_default_hooks(False)
+    finally:
+        for pack, unpack in reversed(popped):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
+    return hooks
+
+
+def _checkpoint_internal(hooks: tuple[Callable, Callable]) -> bool:
+    """Whether a hook pair is one torch's non-reentrant checkpoint pushed (torch 2.13: its unpack hooks are local
+    functions of ``torch.utils.checkpoint``; its pack hook may be wrapped by ``torch._dynamo.disable``)."""
+    return getattr(hooks[0], "_checkpoint_internal", False) or getattr(hooks[1], "__module__", None) == _tuc.__name__

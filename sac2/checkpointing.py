@@ -7,16 +7,24 @@ check, debug traces) to torch's non-reentrant checkpoint, which is public and wh
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager
+import functools
+import inspect
+import warnings
+from typing import Any, Callable, ContextManager, TypeVar, overload
 
+import torch
 import torch.utils.checkpoint as _tuc
 
 from sac2 import _compat
 from sac2.modes import CachingMode, ReplayMode
-from sac2.record import Record
+from sac2.record import Record, Saved
+from sac2.regions import RegionForward, RegionReplay, region_only
 from sac2.answers import as_policy
 
 __all__ = ["checkpoint", "create_selective_checkpoint_contexts"]
+
+T = TypeVar("T")
+ContextFn = Callable[[], tuple[ContextManager, ContextManager]]
 
 
 def create_selective_checkpoint_contexts(
@@ -32,42 +40,179 @@ def create_selective_checkpoint_contexts(
 
     ``allow_cache_entry_mutation=True``: a saved output modified in place after the checkpointed forward is
     recomputed in backward instead of raising. (Modifications inside the forward are always handled that way.)
+
+    A list of only ``sac2.Region``s needs no dispatch mode: in eager the pair is two plain context managers that
+    only ``sac2.region`` calls talk to (``sac2.regions``), so the ops between regions cost nothing extra.
     """
-    record = Record()
-    return CachingMode(as_policy(policy_fn_or_list), record), ReplayMode(record, allow_cache_entry_mutation)
+    policy, record = as_policy(policy_fn_or_list), Record()
+    regions = region_only(policy)
+    if regions is not None and not _compat.tracing_for_compile():
+        return RegionForward(regions, record), RegionReplay(record)  # type: ignore[return-value]
+    return CachingMode(policy, record), ReplayMode(record, allow_cache_entry_mutation)
 
 
+@overload
 def checkpoint(
-    function: Callable[..., Any],
+    function: Callable[..., T],
     *args: Any,
     use_reentrant: bool | None = None,
-    context_fn: Callable[[], tuple[ContextManager, ContextManager]] = _compat.noop_context_fn,
+    preserve_rng_state: bool = True,
+    context_fn: ContextFn = _compat.noop_context_fn,
     determinism_check: str = "default",
     debug: bool = False,
     early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
+    **kwargs: Any,
+) -> T: ...
+@overload
+def checkpoint(
+    function: None = None,
+    *,
+    use_reentrant: bool | None = None,
+    preserve_rng_state: bool = True,
+    context_fn: ContextFn = _compat.noop_context_fn,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
+) -> Callable[[Callable[..., T]], Callable[..., T]]: ...
+def checkpoint(
+    function: Callable[..., Any] | None = None,
+    *args: Any,
+    use_reentrant: bool | None = None,
+    preserve_rng_state: bool = True,
+    context_fn: ContextFn = _compat.noop_context_fn,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """Checkpoint ``function(*args, **kwargs)``: keep what ``context_fn``'s policy saves, recompute the rest.
 
-    Same signature and semantics as ``torch.utils.checkpoint.checkpoint`` with ``use_reentrant=False``, which is
-    also sac2's default (``None`` means False, without torch's warning). ``use_reentrant=True`` runs torch's
-    reentrant checkpoint, which recomputes everything and cannot apply a policy, so it rejects ``context_fn``.
-    ``preserve_rng_state`` (default True) is accepted as a keyword, as in torch.
+    torch 2.14's signature and semantics, on every torch sac2 supports, with ``use_reentrant=False`` as the
+    default (``None`` means False, without torch's warning). Without ``function``, a decorator:
+    ``checkpoint(use_reentrant=False)(fn)``, also on methods. ``use_reentrant=True`` runs torch's reentrant
+    checkpoint, which recomputes everything and cannot apply a policy, so it rejects ``context_fn``.
+
+    ``respect_saved_tensors_hooks``: whether what the policy saves goes through the user's saved-tensor hooks in
+    scope (``save_on_cpu``): True routes it through them, False bypasses them, None bypasses them and warns
+    (FutureWarning) when such hooks are in scope and something was saved, as torch 2.14+ does.
     """
+    options = dict(
+        use_reentrant=use_reentrant,
+        preserve_rng_state=preserve_rng_state,
+        context_fn=context_fn,
+        determinism_check=determinism_check,
+        debug=debug,
+        early_stop=early_stop,
+        respect_saved_tensors_hooks=respect_saved_tensors_hooks,
+    )
+    if function is None and not args:
+        if kwargs:
+            raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+        return functools.partial(_Checkpointed, **options)
+    return _run(function, args, kwargs, **options)  # type: ignore[arg-type]
+
+
+class _Checkpointed:
+    """``function`` with checkpoint options bound: what ``checkpoint(**options)`` makes of it. As a method
+    decorator it binds the function to the instance first, as torch 2.14's curried form does."""
+
+    def __init__(self, function: Callable[..., Any], **options: Any) -> None:
+        self.function = function
+        self.options = options
+        functools.update_wrapper(self, function, updated=())  # type: ignore[arg-type]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _run(self.function, args, kwargs, **self.options)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        bind = getattr(self.function, "__get__", None)
+        if instance is None or bind is None:
+            return self
+        return type(self)(bind(instance, owner), **self.options)
+
+
+#: torch's checkpoint parameters, which a function's own keyword arguments must not be confused with.
+_OPTIONS = frozenset(
+    ("use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop",
+     "respect_saved_tensors_hooks")
+)
+#: torch 2.14+ takes ``respect_saved_tensors_hooks`` (for its own SAC modes); torch 2.13 would hand it to the
+#: checkpointed function as a keyword argument.
+_TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(_tuc.checkpoint).parameters
+
+
+def _run(
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    *,
+    use_reentrant: bool | None,
+    preserve_rng_state: bool,
+    context_fn: ContextFn,
+    determinism_check: str,
+    debug: bool,
+    early_stop: bool,
+    respect_saved_tensors_hooks: bool | None,
+) -> Any:
+    """One checkpointed call: torch's checkpoint given exactly the options torch's own would pass on."""
+    options: dict[str, Any] = dict(
+        use_reentrant=bool(use_reentrant),
+        preserve_rng_state=preserve_rng_state,
+        determinism_check=determinism_check,
+        debug=debug,
+        early_stop=early_stop,
+    )
+    if respect_saved_tensors_hooks is not None and _TORCH_TAKES_HOOKS_FLAG:
+        options["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
+    if _OPTIONS & kwargs.keys():  # the decorator form passes them to the function, as torch's does
+        function, kwargs = functools.partial(function, **kwargs), {}
     if use_reentrant:
         if context_fn is not _compat.noop_context_fn:
             raise ValueError(
                 "sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective "
                 "policy; drop use_reentrant (sac2 defaults to False) to use context_fn."
             )
-        return _tuc.checkpoint(function, *args, use_reentrant=True, debug=debug, **kwargs)
-    return _tuc.checkpoint(
-        function,
-        *args,
-        use_reentrant=False,
-        context_fn=context_fn,
-        determinism_check=determinism_check,
-        debug=debug,
-        early_stop=early_stop,
-        **kwargs,
-    )
+        if respect_saved_tensors_hooks is not None and not _TORCH_TAKES_HOOKS_FLAG:
+            raise ValueError(  # torch 2.14's own error
+                "Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when "
+                "use_reentrant=False."
+            )
+        return _tuc.checkpoint(function, *args, **options, **kwargs)
+    if context_fn is _compat.noop_context_fn:
+        return _tuc.checkpoint(function, *args, **options, **kwargs)  # dynamo rejects the default passed in
+    # Under torch.compile hooks are skipped, as in torch, and dynamo needs the user's context_fn itself.
+    hooks = None if torch.compiler.is_compiling() else _compat.user_saved_tensors_hooks()
+    if hooks is None:
+        return _tuc.checkpoint(function, *args, context_fn=context_fn, **options, **kwargs)
+    forwards: list[Any] = []
+    route = hooks if respect_saved_tensors_hooks else None
+    with_hooks = functools.partial(_contexts_with_hooks, context_fn, route, forwards)
+    out = _tuc.checkpoint(function, *args, context_fn=with_hooks, **options, **kwargs)
+    if respect_saved_tensors_hooks is None and any(_saved_something(f) for f in forwards):
+        warnings.warn(_HOOKS_BYPASSED, FutureWarning, stacklevel=3)
+    return out
+
+
+def _contexts_with_hooks(context_fn: ContextFn, hooks: Any, forwards: list) -> tuple[ContextManager, ContextManager]:
+    """``context_fn()``, with sac2's forward context told which saved-tensor hooks its saved tensors go through."""
+    forward, recompute = context_fn()
+    if hasattr(forward, "saved_tensors_hooks"):
+        forward.saved_tensors_hooks = hooks
+        forwards.append(forward)
+    return forward, recompute
+
+
+def _saved_something(forward: Any) -> bool:
+    record = getattr(forward, "record", None)
+    return record is not None and any(type(e) is Saved for e in record.log)
+
+
+_HOOKS_BYPASSED = (
+    "A saved_tensors_hooks context (e.g. save_on_cpu) is active around a selective activation checkpoint region. "
+    "Tensors that SAC saves currently bypass these hooks, but a future release will route them through the hooks "
+    "like any other saved tensor. Silence this warning and choose the behavior explicitly by passing "
+    "respect_saved_tensors_hooks=True|False to sac2.checkpoint."
+)

@@ -20,7 +20,7 @@ from typing import Any, Callable, TypeVar, overload
 import torch
 
 from sac2 import _compat
-from sac2 import dispatch_flags
+from sac2 import dispatch_flags, regions
 from sac2.keys import Region
 from sac2.modes import SacMode
 
@@ -118,11 +118,15 @@ def region(fn: Callable | None = None, *, name: str | None = None) -> Any:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling() or not _compat.mode_stack_len():
-            return fn(*args, **kwargs)
-        modes = _sac2_top()
-        if not modes:
-            return fn(*args, **kwargs)
-        return modes[-1].region(key, run, run_kept, args, kwargs)
+        if torch.compiler.is_compiling():
+            with _compat.annotate_region(name):  # traced through: the policy decides its ops as one region
+                return fn(*args, **kwargs)
+        handler = _sac2_top()[-1:] if _compat.mode_stack_len() else None
+        if handler:
+            return handler[0].region(key, run, run_kept, args, kwargs)
+        context = regions.active()
+        if context is not None:
+            return context.region(key, run, run_kept, args, kwargs)
+        return fn(*args, **kwargs)
 
     return call

@@ -15,7 +15,6 @@ partitioner decides from the tags, as in torch's SAC.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable
 
 import torch
@@ -24,8 +23,11 @@ from sac2 import _compat, keys, writes
 from sac2 import dispatch_flags
 from sac2 import offload as _offload
 from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, SaveList, decide, op_name
+from sac2.notices import _warned, count_forward, forward_count, warn_once  # noqa: F401
+from sac2.notices import DIVERGED as _DIVERGED
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
-from sac2.record import Record, Saved, keep, rng_before, rng_moved, served, stored_leaves
+from sac2.record import Record, Saved, keep, rng_before, rng_moved, served
+from sac2.regions import record_region, replay_region
 
 __all__ = ["SacMode", "CachingMode", "ReplayMode", "forward_count", "warn_once"]
 
@@ -33,23 +35,7 @@ Tensor = torch.Tensor
 _detach = _compat.detach_keeping_version
 _UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
-_warned: set[tuple[str, str]] = set()
-_forwards = 0
-
-
-def forward_count() -> int:
-    """How many checkpointed forwards sac2's forward mode has run (or traced) in this process.
-
-    A check that sac2, not torch's SAC, is doing the work: read it before and after a step.
-    """
-    return _forwards
-
-
-def warn_once(kind: str, key: Any, message: str) -> None:
-    """Warn once per (kind of warning, op) in this process."""
-    if (kind, op_name(key)) not in _warned:
-        _warned.add((kind, op_name(key)))
-        warnings.warn(message, stacklevel=3)
+_CAST = torch.ops.aten._to_copy.default
 
 
 class SacMode(_compat.TorchDispatchMode):
@@ -102,10 +88,10 @@ class CachingMode(SacMode):
         self._pending: list[Saved] = []  # entries whose versions are read at the next op (after autograd's bump)
         self._policy_error: TypeError | None = None
         self._tracing = False
+        self._span: tuple[str, CheckpointPolicy] | None = None  # the traced-through region the last op was in
 
     def __enter__(self) -> CachingMode:
-        global _forwards
-        _forwards += 1
+        count_forward()
         self._tracing = _compat.tracing_for_compile()
         return super().__enter__()  # type: ignore[return-value]
 
@@ -217,14 +203,20 @@ class CachingMode(SacMode):
 
     def _trace(self, func: Any, op: OpInfo, args: tuple, kwargs: dict) -> Any:
         """Under torch.compile tracing: record every op (recompute serves it) and tag the FX nodes with the
-        policy; the partitioner decides from the tags. Ignored ops are tagged PREFER_RECOMPUTE and not recorded."""
+        policy; the partitioner decides from the tags. Ignored ops are tagged PREFER_RECOMPUTE and not recorded.
+        The ops of a traced-through ``sac2.region`` all get the policy's answer for the region."""
         log = self._log
         key = keys.replay_key(func, args)
+        region = _compat.traced_region()
 
         def policy_of(out: Any) -> CheckpointPolicy:
             if op.kind == IGNORE:
                 return CheckpointPolicy.PREFER_RECOMPUTE
-            policy = self._decide(func, op, args, kwargs, out, len(log))
+            if region is None:
+                self._span = None
+                policy = self._decide(func, op, args, kwargs, out, len(log))
+            else:
+                policy = self._region_policy(region, len(log))
             entry = Saved(key)
             entry.out = _compat.tree_map(lambda x: _detach(x) if isinstance(x, Tensor) else x, out)
             log.append(entry)
@@ -236,48 +228,36 @@ class CachingMode(SacMode):
             return out
         return _compat.tag_traced_nodes(lambda: func(*args, **kwargs), self.ac_graph_id, policy_of)
 
+    def _region_policy(self, name: str, call_index: int) -> CheckpointPolicy:
+        """The policy's answer for a traced-through region, asked once per run of consecutive ops in it (the
+        region's arguments are not known there: the policy gets none)."""
+        if self._span is not None and self._span[0] == name:
+            return self._span[1]
+        key = keys.Region(name)
+        self._ctx.op_output = None
+        try:
+            policy = decide(self.policy_fn(self._ctx, key), key, call_index)
+        except TypeError as error:
+            self._policy_error = error
+            raise
+        self._span = (name, policy)
+        return policy
+
     def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
-        """A region is decided before it runs (``ctx.op_output`` is None). Saved: its outputs are recorded and
-        ``run_kept`` keeps its backward state; recomputed: ``run`` leaves that to the checkpoint."""
+        """A region is decided before it runs (``ctx.op_output`` is None); ``sac2.regions`` records it."""
         if self._pending:
             self._flush()
-        log = self._log
         if self._save_ops is not None:
             save, offload = key in self._save_ops, False
         else:
             self._ctx.op_output = None
             try:
-                policy = decide(self.policy_fn(self._ctx, key, *args, **kwargs), key, len(log))
+                policy = decide(self.policy_fn(self._ctx, key, *args, **kwargs), key, len(self._log))
             except TypeError as error:
                 self._policy_error = error
                 raise
             save, offload = policy in SAVING, policy in OFFLOADING
-        if not save:
-            out = run(*args, **kwargs)
-            log.append(key)
-            return out
-        before = writes.tensor_versions(args, kwargs)
-        with _compat.no_modes():
-            rng = rng_before(True, args, kwargs)
-        out = run_kept(*args, **kwargs)
-        entry = Saved(key)
-        written = writes.writes_of(key, args, kwargs, out, before)
-        keep(entry, out, written or [])
-        # Which outputs required grad: served ones must too, or recompute saves less than forward did.
-        ids = {id(t) for _, t in written or []}
-        grads = tuple(t.requires_grad for t in _compat.tree_leaves(out) if isinstance(t, Tensor) and id(t) not in ids)
-        entry.out = (entry.out, grads)
-        with _compat.no_modes():
-            entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
-        entry.record_versions()
-        if written is None:
-            warn_once("unseen-writes", key, _unseen_writes(key))
-            entry.writes = None  # what it wrote is unknown: ReplayMode.region runs it again instead of serving
-        elif offload:
-            entry.offload = True
-            self.record.saved_at.append(len(log))
-        log.append(entry)
-        return out
+        return record_region(self.record, key, save, offload, run, run_kept, args, kwargs)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self._ctx.op_output = None  # policies may keep ctx as a per-forward key; it must not keep a tensor alive
@@ -366,6 +346,27 @@ class ReplayMode(SacMode):
             return op.call(*args, **kwargs)
         if type(entry) is Saved and entry.key is key:
             return self._serve(entry, i, func, args, kwargs)
+        return self._realign(i, func, op, key, args, kwargs)
+        raise RuntimeError(
+            f"sac2: recompute diverged from forward at op {i} of the region: forward ran "
+            f"{self.record.describe(i)}, recompute ran {op_name(key)}. {_DIVERGED}"
+        )
+
+    def _realign(self, i: int, func: Any, op: OpInfo, key: Any, args: tuple, kwargs: dict) -> Any:
+        """Autocast caches the casts of leaf tensors within an autocast block (and recompute in backward may find
+        them cached), so forward and recompute may run a different number of ``_to_copy`` casts: an extra cast in
+        recompute runs unrecorded, and casts forward ran that recompute skips are passed over (their outputs are
+        not served). Any other mismatch is a divergence."""
+        if func is _CAST:
+            self._cursor = i
+            return op.call(*args, **kwargs)
+        log, j = self._log, i
+        while j < len(log) and self.record.key_at(j) is _CAST:
+            j += 1
+        entry = log[j] if j < len(log) else None
+        if j > i and (entry is key or (type(entry) is Saved and entry.key is key)):
+            self._cursor = j + 1
+            return op.call(*args, **kwargs) if entry is key else self._serve(entry, j, func, args, kwargs)
         raise RuntimeError(
             f"sac2: recompute diverged from forward at op {i} of the region: forward ran "
             f"{self.record.describe(i)}, recompute ran {op_name(key)}. {_DIVERGED}"
@@ -399,59 +400,20 @@ class ReplayMode(SacMode):
 
     def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         """Serve what forward saved, else run the region (its one run in backward)."""
-        log = self._log
         i = self._cursor
-        entry = log[i] if i < len(log) else None
-        if entry is key:
-            self._cursor = i + 1
-            return run(*args, **kwargs)
-        if type(entry) is Saved and entry.key is key:
-            self._cursor = i + 1
-            if entry.writes is None:
-                return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
-            if entry.modified():
-                warn_once(
-                    "modified-after-region",
-                    key,
-                    f"sac2: the policy saves {self.record.describe(i)}, but a tensor it returned or wrote was "
-                    f"modified in place after it ran, so the saved value is stale; sac2 runs the region again in "
-                    f"backward instead. Have the policy recompute it to silence this warning.",
-                )
-                return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
-            if entry.offload is not None:
-                _offload.ready(entry)
-            with torch.no_grad(), _compat.no_modes():  # a region runs above autograd and the modes
-                entry.restore(args, kwargs)
-            out, grads = entry.out
-            result = served(out, args, kwargs)
-            fresh = [t for o, t in zip(stored_leaves(out), _compat.tree_leaves(result)) if isinstance(o, Tensor)]
-            for t, requires_grad in zip(fresh, grads):
-                t.requires_grad_(requires_grad)
-            if entry.offload is not None:
-                _offload.release(entry)
-            return result
-        ran = self.record.describe(i) if entry is not None else f"only {len(log)} ops"
-        raise RuntimeError(
-            f"sac2: recompute diverged from forward at op {i} of the region: forward ran {ran}, recompute ran "
-            f"{op_name(key)}. {_DIVERGED}"
-        )
+        self._cursor = i + 1
+        return replay_region(self.record, i, key, run, run_kept, args, kwargs)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         cursor, n = self._cursor, len(self._log)
+        while cursor < n and self.record.key_at(cursor) is _CAST:
+            cursor += 1  # casts autocast's cache spared the recompute (see _realign)
         super().__exit__(exc_type, exc, tb)
         if exc_type is None and cursor != n:
             raise RuntimeError(
                 f"sac2: recompute ended after {cursor} ops, but the forward ran {n}; the first op missing is "
                 f"{self.record.describe(cursor)}. {_DIVERGED}"
             )
-
-
-_DIVERGED = (
-    "The checkpointed function must run the same ops in backward as in forward: look for control flow that "
-    "depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for "
-    "state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when "
-    "training with checkpointing)."
-)
 
 
 def _unseen_writes(key: Any) -> str:

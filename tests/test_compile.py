@@ -115,15 +115,24 @@ class TestSac2UnderCompile(TestCase):
         self.assertTrue(torch.equal(compiled_grad, eager_grad))
         self.assertTrue(torch.equal(eager_grad, torch.autograd.grad(_block(x), x)[0]))
 
-    def test_fullgraph_compile_traces_through_a_region(self):
-        # dynamo inlines the region's function: its ops meet the policy one by one, as in an unnamed block.
+    def test_fullgraph_compile_decides_a_region_as_one_op(self):
+        # dynamo inlines the region's function; every op it traces gets the policy's answer for the region, so
+        # a saved region does not run again in backward and a recomputed one runs once more, as in eager.
         attn = sac2.region(lambda y: recomputed_op(saved_op(y).sin()), name="attn")
 
-        def fn(x):
-            contexts = partial(sac2.create_selective_checkpoint_contexts, _policy)
-            return sac2.checkpoint(lambda y: attn(y).cos().sum(), x, context_fn=contexts)
+        def save_attn():
+            return sac2.create_selective_checkpoint_contexts([sac2.Region("attn")])
+
+        def save_cos():
+            return sac2.create_selective_checkpoint_contexts([torch.ops.aten.cos.default])
 
         x = _x()
-        grad, backward_runs = _backward_runs(torch.compile(fn, backend="aot_eager", fullgraph=True), x)
-        self.assertEqual(backward_runs, {"saved": 0, "recomputed": 1})
-        self.assertTrue(torch.equal(grad, torch.autograd.grad(_block(x), x)[0]))
+        for context_fn, expected in ((save_attn, 0), (save_cos, 1)):
+            torch._dynamo.reset()
+
+            def fn(x, context_fn=context_fn):
+                return sac2.checkpoint(lambda y: attn(y).cos().sum(), x, context_fn=context_fn)
+
+            grad, backward_runs = _backward_runs(torch.compile(fn, backend="aot_eager", fullgraph=True), x)
+            self.assertEqual(backward_runs, {"saved": expected, "recomputed": expected}, context_fn.__name__)
+            self.assertTrue(torch.equal(grad, torch.autograd.grad(_block(x), x)[0]))

@@ -1,0 +1,41 @@
+"""What sac2 tells its user beyond return values: one-time warnings, the divergence advice, a forward counter."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from sac2.answers import op_name
+
+__all__ = ["warn_once", "DIVERGED", "count_forward", "forward_count"]
+
+_warned: set[tuple[str, str]] = set()
+_forwards = 0
+
+DIVERGED = (
+    "The checkpointed function must run the same ops in backward as in forward: look for control flow that "
+    "depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for "
+    "state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when "
+    "training with checkpointing)."
+)
+
+
+def warn_once(kind: str, key: Any, message: str) -> None:
+    """Warn once per (kind of warning, op) in this process."""
+    seen = (kind, op_name(key))
+    if seen not in _warned:
+        _warned.add(seen)
+        warnings.warn(message, stacklevel=3)
+
+
+def count_forward() -> None:
+    global _forwards
+    _forwards += 1
+
+
+def forward_count() -> int:
+    """How many checkpointed forwards sac2 has run (or traced for torch.compile) in this process.
+
+    A check that sac2, not torch's SAC, is doing the work: read it before and after a step.
+    """
+    return _forwards
