@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from functools import partial
 from typing import Any, Callable
@@ -252,3 +253,98 @@ def test_the_context_holds_no_output_once_the_forward_ends() -> None:
 
     sac2.checkpoint(lambda t: t.sin().cos(), _x(), context_fn=_contexts(policy))
     assert seen and seen[-1].op_output is None  # a policy keeping ctx as a per-forward key keeps no tensor alive
+
+
+def test_decorator_form_checkpoints_with_its_options() -> None:
+    checkpointed = sac2.checkpoint(use_reentrant=False, context_fn=_contexts([COUNTED]))(_neg_then_exp)
+    _executions["counted_neg"] = 0
+    x = _x()
+    checkpointed(x).sum().backward()
+    assert _executions["counted_neg"] == 1  # saved: the options reached the checkpoint
+    assert torch.equal(x.grad, _grad(_plain, _neg_then_exp, _x()))
+
+
+class _Layer:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    @sac2.checkpoint(use_reentrant=False, context_fn=_contexts([COUNTED]))
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return _neg_then_exp(a) * self.scale
+
+
+def test_decorator_form_on_a_method_binds_the_instance() -> None:
+    _executions["counted_neg"] = 0
+    x = _x()
+    _Layer(3.0).forward(x).sum().backward()
+    assert _executions["counted_neg"] == 1
+    assert torch.equal(x.grad, _grad(_plain, lambda a: _neg_then_exp(a) * 3.0, _x()))
+
+
+def test_decorator_form_keeps_the_functions_name() -> None:
+    assert sac2.checkpoint()(_neg_then_exp).__name__ == "_neg_then_exp"
+
+
+def test_decorator_form_passes_keyword_arguments_named_like_options_to_the_function() -> None:
+    seen = {}
+
+    def fn(a: torch.Tensor, debug: str = "") -> torch.Tensor:
+        seen["debug"] = debug
+        return a.sin()
+
+    sac2.checkpoint(use_reentrant=False)(fn)(_x(), debug="the function's")
+    assert seen == {"debug": "the function's"}
+
+
+class TestDecoratorErrors(TestCase):
+    def test_keyword_arguments_without_a_function_raise(self) -> None:
+        with self.assertRaises(ValueError) as cm:
+            sac2.checkpoint(use_reentrant=False, scale=2)
+        self.assertExpectedInline(str(cm.exception), """Unexpected keyword arguments: scale""")
+
+
+def _forwarded(monkeypatch: pytest.MonkeyPatch, **options: Any) -> dict:
+    """The options sac2.checkpoint hands torch's checkpoint."""
+    calls: list[dict] = []
+
+    def spy(function: Callable, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return function(*args)
+
+    monkeypatch.setattr(tuc, "checkpoint", spy)
+    sac2.checkpoint(torch.sin, _x(), **options)
+    (kwargs,) = calls
+    return kwargs
+
+
+DEFAULTS = dict(use_reentrant=False, preserve_rng_state=True, determinism_check="default", debug=False, early_stop=True)
+TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(tuc.checkpoint).parameters
+
+
+def test_no_context_fn_is_forwarded_when_none_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _forwarded(monkeypatch) == DEFAULTS  # dynamo rejects torch's default context_fn passed explicitly
+
+
+def test_every_option_given_is_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
+    context_fn = _contexts([])
+    options = dict(preserve_rng_state=False, determinism_check="none", early_stop=False, context_fn=context_fn)
+    assert _forwarded(monkeypatch, **options) == {**DEFAULTS, **options}
+
+
+def test_respect_saved_tensors_hooks_is_forwarded_only_to_a_torch_that_takes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    forwarded = _forwarded(monkeypatch, respect_saved_tensors_hooks=True)
+    assert ("respect_saved_tensors_hooks" in forwarded) == TORCH_TAKES_HOOKS_FLAG  # 2.13 would pass it to fn
+
+
+class TestReentrantHooksFlag(TestCase):
+    def test_respect_saved_tensors_hooks_with_use_reentrant_raises(self) -> None:
+        with self.assertRaises(ValueError) as cm:
+            sac2.checkpoint(_neg_then_exp, _x(), use_reentrant=True, respect_saved_tensors_hooks=True)
+        self.assertExpectedInline(str(cm.exception), """Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when use_reentrant=False.""")
+
+
+def test_use_reentrant_forwards_preserve_rng_state_false() -> None:
+    call = partial(sac2.checkpoint, use_reentrant=True, preserve_rng_state=False)
+    assert not torch.equal(_seeded_grad(call), _seeded_grad(_plain))

@@ -1,7 +1,8 @@
 """Changing the import line is the whole migration: every drop-in API takes torch's parameters, in torch's order,
-with torch's kinds and defaults."""
+with torch's kinds and defaults. ``checkpoint`` takes torch 2.14's on every supported torch."""
 
 import inspect
+from inspect import Parameter
 from typing import Any, Callable
 
 import pytest
@@ -11,7 +12,6 @@ import torch.utils.checkpoint as torch_checkpoint
 import sac2
 
 PAIRS = {
-    "checkpoint": (sac2.checkpoint, torch_checkpoint.checkpoint),
     "create_selective_checkpoint_contexts": (
         sac2.create_selective_checkpoint_contexts,
         torch_checkpoint.create_selective_checkpoint_contexts,
@@ -38,6 +38,34 @@ def _parameters(fn: Callable) -> list[tuple[str, Any, Any]]:
 def test_takes_torchs_parameters(name: str) -> None:
     ours, theirs = PAIRS[name]
     assert _parameters(ours) == _parameters(theirs)
+
+
+#: torch 2.14+'s ``torch.utils.checkpoint.checkpoint``: a decorator without ``function``, ``preserve_rng_state`` as a
+#: parameter, ``respect_saved_tensors_hooks``.
+CHECKPOINT_2_14 = [
+    ("function", Parameter.POSITIONAL_OR_KEYWORD, None),
+    ("args", Parameter.VAR_POSITIONAL, "_empty"),
+    ("use_reentrant", Parameter.KEYWORD_ONLY, None),
+    ("preserve_rng_state", Parameter.KEYWORD_ONLY, True),
+    ("context_fn", Parameter.KEYWORD_ONLY, "noop_context_fn"),
+    ("determinism_check", Parameter.KEYWORD_ONLY, "default"),
+    ("debug", Parameter.KEYWORD_ONLY, False),
+    ("early_stop", Parameter.KEYWORD_ONLY, True),
+    ("respect_saved_tensors_hooks", Parameter.KEYWORD_ONLY, None),
+    ("kwargs", Parameter.VAR_KEYWORD, "_empty"),
+]
+
+
+def test_checkpoint_takes_torch_2_14s_parameters() -> None:
+    assert _parameters(sac2.checkpoint) == CHECKPOINT_2_14
+
+
+@pytest.mark.skipif(
+    "respect_saved_tensors_hooks" not in inspect.signature(torch_checkpoint.checkpoint).parameters,
+    reason="torch 2.13's checkpoint predates the 2.14 signature",
+)
+def test_checkpoint_takes_the_installed_torchs_parameters() -> None:
+    assert _parameters(sac2.checkpoint) == _parameters(torch_checkpoint.checkpoint)
 
 
 def test_checkpoint_impl_is_torchs_own_enum() -> None:

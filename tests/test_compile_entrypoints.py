@@ -1,0 +1,74 @@
+"""torch.compile over sac2's entry points called the way users call torch's: without a ``context_fn``.
+
+Dynamo's checkpoint handler takes any ``context_fn`` it is handed as a selective policy and rejects torch's own
+default when passed explicitly, so sac2 must forward only what the user gave; and it accepts only plain functions
+and partials, so sac2 hands it the user's ``context_fn`` itself (saved-tensor hooks are skipped under compile).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+from torch.autograd.graph import saved_tensors_hooks
+
+import sac2
+
+
+class _Block(nn.Module):
+    """A bias-free linear layer and an RMSNorm-like scaling: the shape of a transformer block's first half."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16, bias=False)
+        self.scale = nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale
+
+
+def _grads(run: Callable[[torch.Tensor], torch.Tensor], block: _Block) -> list[torch.Tensor]:
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    block.zero_grad()
+    run(x).sum().backward()
+    return [x.grad, block.proj.weight.grad, block.scale.grad]
+
+
+def test_compiled_checkpoint_without_context_fn_matches_compiled_no_checkpoint() -> None:
+    torch._dynamo.reset()
+    block = _Block()
+    expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
+    actual = _grads(torch.compile(lambda x: sac2.checkpoint(block, x), backend="aot_eager"), block)
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_decorated_checkpoint_matches_compiled_no_checkpoint() -> None:
+    torch._dynamo.reset()
+    block = _Block()
+    expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
+    checkpointed = sac2.checkpoint(use_reentrant=False)(block)
+    actual = _grads(torch.compile(lambda x: checkpointed(x), backend="aot_eager"), block)
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_compiled_checkpoint_under_user_hooks_compiles_without_graph_breaks() -> None:
+    torch._dynamo.reset()
+    counters.clear()
+    block = _Block()
+    expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
+    context_fn = partial(sac2.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+    compiled = torch.compile(
+        lambda x: sac2.checkpoint(block, x, context_fn=context_fn, respect_saved_tensors_hooks=True),
+        backend="aot_eager",
+    )
+    with saved_tensors_hooks(lambda t: t, lambda t: t):
+        actual = _grads(compiled, block)
+    assert not counters["graph_break"]
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
