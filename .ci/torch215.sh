@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# CI step: the default suite on torch 2.15, from a clean clone's root; exits with pytest's status.
+# Creates its own venv, installs torch 2.15.0 and triton 3.9.0 (constraints-2.15.txt), then sac2 with its test
+# extra on that torch (the constraints keep pip from resolving torch again), and runs the default suite.
+# The registry's torch 2.15 for Linux is a CUDA build; it runs on CPU, but it loads its CUDA libraries (cudnn,
+# cublas, nccl, ...) when imported, so torch --no-deps with only its pure-Python deps does not import: this is
+# the full install, about 5.5 GB. PIP_CONSTRAINT=/dev/null overrides a machine-wide pip cap on torch, if any.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${TORCH215_VENV:-build/torch215-venv}"  # build/ is git-ignored
+python3 -m venv "$VENV"
+PIP_CONSTRAINT=/dev/null "$VENV/bin/pip" install -q torch triton -c constraints-2.15.txt
+PIP_CONSTRAINT=/dev/null "$VENV/bin/pip" install -q -e '.[test]' -c constraints-2.15.txt
+"$VENV/bin/python" -c 'import torch; assert torch.__version__.startswith("2.15."), torch.__version__'
+exec "$VENV/bin/python" -m pytest -q --ignore=tests/clients
