@@ -126,6 +126,11 @@ class SaveList:
     def __repr__(self) -> str:
         return f"SaveList({sorted(map(op_name, self.ops))})"
 
+    def __reduce__(self) -> tuple:
+        # Ops pickle by their path under torch.ops (sac2._compat's reducer), also HOPs made after sac2's import.
+        _compat.register_op_pickling(self.ops)
+        return SaveList, (list(self.ops),)
+
 
 def as_policy(policy_fn_or_list: Any) -> PolicyFn:
     """A policy callable from a policy function or a list/tuple/set of ops."""

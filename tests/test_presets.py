@@ -1,6 +1,7 @@
 """Each policy preset, run on a tiny block: which calls it saves, pinned as "op -> decision" lines."""
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -9,7 +10,13 @@ from torch import nn
 
 import sac2
 from sac2 import policies
-from sac2.answers import op_name
+from sac2.answers import ForwardContext, op_name
+
+
+@torch.library.custom_op("sac2_test::flash_attn_fwd", mutates_args=())
+def flash_attn_fwd(q: torch.Tensor) -> torch.Tensor:
+    """Stands for a flash-attn kernel registered as a custom op (flash_attn::_flash_attn_forward)."""
+    return q.clone()
 
 
 class Attention(nn.Module):
@@ -116,6 +123,18 @@ aten.view.default""")
             presets._COMPUTE = real
         self.assertEqual(ops, policies.llm_save_list())
 
+    def test_saves_flash_attn_custom_kernels_by_name(self):
+        policy, ctx = policies.llm(), ForwardContext()
+        q = torch.randn(2, 4)
+        ops = (torch.ops.sac2_test.flash_attn_fwd.default, torch.ops.aten.clone.default)
+        decisions = [policy(ctx, op, q).name for op in ops]
+        self.assertExpectedInline(str(decisions), """['MUST_SAVE', 'PREFER_RECOMPUTE']""")
+
+    def test_save_list_has_the_convolutions_and_upsampling_torchtitan_saves(self):
+        names = {op_name(op) for op in policies.llm_save_list()}
+        wanted = {"aten.convolution.default", "aten.convolution_backward.default", "aten.upsample_bilinear2d.default"}
+        self.assertLessEqual(wanted, names)
+
     def test_save_list_has_the_communication_ops(self):
         names = sorted(op_name(op) for op in policies.llm_save_list() if "c10d" in op_name(op))
         self.assertExpectedInline("\n".join(names), """\
@@ -149,9 +168,24 @@ aten.addmm.default -> MUST_RECOMPUTE
 aten.addmm.default -> MUST_SAVE""")
 
     def test_counts_per_block(self):
-        policy = policies.every_other_matmul()
-        first, second = _run(policy, _block()), _run(policy, _block())
-        self.assertEqual(first, second)
+        # One policy for two blocks in one forward: each block's count starts anew, so the second block's first
+        # matmul (the 6th of the forward) is saved too.
+        policy, log = policies.every_other_matmul(), []
+
+        def recording(ctx, op, *args, **kwargs):
+            decision = policy(ctx, op, *args, **kwargs)
+            if decision.name != "PREFER_RECOMPUTE":
+                log.append(decision.name)
+            return decision
+
+        context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, recording)
+        model = nn.Sequential(*(sac2.checkpoint_wrapper(_block(), context_fn=context_fn) for _ in range(2)))
+        model(torch.randn(2, 4, 8)).sum()
+        per_block = [log[:5], log[5:]]
+        self.assertExpectedInline(
+            str(per_block),
+            """[['MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE'], ['MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE']]""",
+        )
 
 
 class TestRecomputeLinears(TestCase):
@@ -168,12 +202,102 @@ aten.mm.default -> MUST_RECOMPUTE""")
         with self.assertWarnsRegex(UserWarning, r"\['out'\] have the same weight shape as \['gate'\]"):
             policies.recompute_linears(block, ["gate"])
 
-    def test_rejects_names_that_match_nothing_or_no_linear(self):
-        with self.assertRaisesRegex(ValueError, "no module of the model is named 'router'"):
-            policies.recompute_linears(_block(), ["router"])
+    def test_names_matching_nothing_warn_once_and_force_nothing(self):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            policy = policies.recompute_linears(_block(), ["router", "moe.gate"])
+        self.assertExpectedInline("\n".join(str(w.message) for w in caught), """\
+sac2.policies.recompute_linears: no module of the model is named ['router', 'moe.gate'], so nothing is forced to recompute for them (torchtitan's default 'moe.router.gate' matches nothing in a dense model too).""")
+        self.assertEqual(_matmuls_and_saves(_run(policy, _block())), "-- forward 0")
+
+    def test_rejects_a_name_matching_no_linear(self):
         model = nn.Sequential(_block())
         with self.assertRaisesRegex(ValueError, "'0' .* is a Attention, not an nn.Linear"):
             policies.recompute_linears(model, ["0"])
+
+
+class TestTorchtitan(TestCase):
+    def test_save_list_is_torchtitan_030s(self):
+        # torchtitan/distributed/activation_checkpoint.py, _get_default_save_ops, in torchtitan 0.3.0 on torch 2.13:
+        # the partitioner's compute-intensive ops, then its own compute and communication ops (deepep and
+        # hybridep ops only when registered).
+        names = sorted(op_name(op) for op in policies.torchtitan_save_list())
+        self.assertExpectedInline("\n".join(names), """\
+_c10d_functional.all_to_all_single.default
+_c10d_functional.reduce_scatter_tensor.default
+aten._efficient_attention_forward.default
+aten._flash_attention_forward.default
+aten._scaled_dot_product_attention_math.default
+aten._scaled_dot_product_cudnn_attention.default
+aten._scaled_dot_product_efficient_attention.default
+aten._scaled_dot_product_flash_attention.default
+aten._scaled_dot_product_fused_attention_overrideable.default
+aten._scaled_mm.default
+aten.addmm.default
+aten.bmm.default
+aten.convolution.default
+aten.convolution_backward.default
+aten.linear.default
+aten.max.default
+aten.mm.default
+aten.topk.default
+aten.upsample_bilinear2d.default
+flex_attention
+inductor_compiled_code
+torch_attn._varlen_attn.default""")
+
+    def test_save_list_has_optional_ops_once_registered(self):
+        lib = torch.library.Library("deepep", "DEF")
+        self.addCleanup(lib._destroy)
+        before = policies.torchtitan_save_list()
+        lib.define("dispatch(Tensor x) -> Tensor")
+        self.assertEqual(policies.torchtitan_save_list() - before, {torch.ops.deepep.dispatch.default})
+
+    def test_saves_every_other_mm_and_recomputes_the_forced_shapes(self):
+        block = _block()
+        self.assertExpectedInline(_matmuls_and_saves(_run(policies.torchtitan(block, ["gate"]), block)), """\
+-- forward 0
+aten.addmm.default -> MUST_SAVE
+aten.mm.default -> MUST_SAVE
+aten.topk.default -> MUST_SAVE
+aten.addmm.default -> MUST_SAVE
+aten.addmm.default -> MUST_SAVE
+aten.max.default -> MUST_SAVE""")
+
+    def test_counts_mms_per_forward_and_saves_odd_ones(self):
+        policy, ctx = policies.torchtitan(), ForwardContext()
+        x, w = torch.randn(2, 3), torch.randn(3, 3)
+        mm, linear = torch.ops.aten.mm.default, torch.ops.aten.linear.default
+        decisions = [policy(ctx, op, x, w).name for op in (mm, linear, mm, linear)]
+        self.assertExpectedInline(
+            str(decisions), """['MUST_SAVE', 'PREFER_RECOMPUTE', 'MUST_SAVE', 'PREFER_RECOMPUTE']"""
+        )
+
+    def test_recomputes_all_gather_and_all_reduce_unlike_llm(self):
+        names = {op_name(op) for op in policies.torchtitan_save_list()}
+        collectives = ["_c10d_functional.all_gather_into_tensor.default", "_c10d_functional.all_reduce.default"]
+        self.assertEqual([n for n in collectives if n in names], [])
+        llm_names = {op_name(op) for op in policies.llm_save_list()}
+        self.assertEqual([n for n in collectives if n in llm_names], collectives)
+
+    def test_saves_cuda_to_cpu_copies_only(self):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            on_cuda, on_cpu = torch.empty(2, device="cuda"), torch.empty(2)
+        policy, ctx, to_copy = policies.torchtitan(), ForwardContext(), torch.ops.aten._to_copy.default
+        decisions = [
+            policy(ctx, to_copy, on_cuda, device=torch.device("cpu")).name,
+            policy(ctx, to_copy, on_cuda, dtype=torch.half).name,
+            policy(ctx, to_copy, on_cpu, device="cpu").name,
+        ]
+        self.assertExpectedInline(str(decisions), """['MUST_SAVE', 'PREFER_RECOMPUTE', 'PREFER_RECOMPUTE']""")
+
+    def test_rejects_a_forced_name_matching_no_linear(self):
+        with self.assertRaisesRegex(ValueError, "matched 'moe', a Module; it must match nn.Linear modules"):
+            model = nn.Module()
+            model.moe = nn.Module()
+            policies.torchtitan(model, ["moe"])
 
 
 class TestCompose(TestCase):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from sac2 import keys
+from sac2 import _compat, keys
 from sac2.knapsack import Solution, solve
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
 from sac2.profile import Profile, profile
@@ -27,6 +27,7 @@ class MemoryBudget:
 
     PREFER_* answers, so ``compose`` with a MUST_* piece overrides it. Call counts restart with each forward
     (each checkpointed call gets a fresh context from sac2's forward mode; torch's modes have none: it raises).
+    It pickles; a compiled region's key holds its callable's index, which only the process that compiled it has.
     """
 
     def __init__(self, profiled: Profile, saved: frozenset[int], capacity: int, solution: Solution) -> None:
@@ -56,11 +57,16 @@ class MemoryBudget:
         if decision is None:
             raise RuntimeError(
                 f"sac2.memory_budget: this forward runs {op_name(op)} (call {n} of that op), which the profiled "
-                f"forward did not run ({sum(1 for k, _ in self._decisions if k is key)} calls of it). A budget "
+                f"forward did not run ({sum(1 for k, _ in self._decisions if k == key)} calls of it). A budget "
                 f"policy applies to the function it profiled: build one per checkpointed function, with inputs "
                 f"that take the same path through it."
             )
         return decision
+
+    def __getstate__(self) -> dict:
+        # The keys' ops pickle by their path under torch.ops (sac2._compat), HOPs made after sac2's import too.
+        _compat.register_op_pickling(c.key for c in self.profile.calls)
+        return self.__dict__
 
     def why(self, key: Any, index: int) -> str:
         """Which rule decided call ``index`` of ``key``: how ``sac2.explain`` labels it."""

@@ -2,8 +2,12 @@
 
 Each function returns a policy callable for ``sac2.create_selective_checkpoint_contexts``. A piece answers
 ``MUST_*`` when it has a decision to make about an op and ``PREFER_RECOMPUTE`` when it has none, so
-``compose(a, b, c)`` reads as "ask a, then b, then c; the first MUST_* answer wins". torchtitan's "op" selective
-AC, for instance, is ``compose(recompute_linears(model, ["router.gate"]), every_other_matmul(), llm())``.
+``compose(a, b, c)`` reads as "ask a, then b, then c; the first MUST_* answer wins". ``torchtitan(model)`` is
+torchtitan 0.3.0's default selective AC exactly; ``compose(recompute_linears(model, ["router.gate"]),
+every_other_matmul(), llm())`` is the same idea over sac2's wider save list.
+
+Every preset pickles (so does a ``functools.partial`` of ``create_selective_checkpoint_contexts`` over one), and
+decides the same after loading: ops are stored by their path under ``torch.ops``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from sac2 import _compat
 from sac2.keys import Region
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
 
-__all__ = ["llm_save_list", "llm", "every_other_matmul", "recompute_linears", "compose"]
+__all__ = [
+    "llm_save_list",
+    "llm",
+    "every_other_matmul",
+    "recompute_linears",
+    "compose",
+    "torchtitan_save_list",
+    "torchtitan",
+]
 
 MUST_SAVE = CheckpointPolicy.MUST_SAVE
 MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
@@ -36,6 +48,10 @@ _COMPUTE = (
     "aten._scaled_mm.default",
     "aten.max.default",
     "aten.topk.default",
+    # convolutions and bilinear upsampling (vision towers): compute intensive to torch's partitioner and torchtitan
+    "aten.convolution.default",
+    "aten.convolution_backward.default",
+    "aten.upsample_bilinear2d.default",
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_flash_attention_for_cpu.default",
     "aten._scaled_dot_product_efficient_attention.default",
@@ -76,17 +92,22 @@ def _lookup(path: str) -> Any:
     return obj
 
 
-def llm_save_list() -> frozenset:
-    """The ops an LLM block keeps: matmuls, every attention kernel, max/topk and the functional collectives.
-
-    Also flex_attention and compiled regions (``inductor_compiled_code``). Ops the running torch lacks are
-    left out, so the same call works across torch versions and builds.
-    """
+def _import_op_modules() -> None:
     for name in _MODULES_THAT_REGISTER_OPS:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+
+
+def llm_save_list() -> frozenset:
+    """The ops an LLM block keeps: matmuls, every attention kernel, convolutions, max/topk and the functional
+    collectives.
+
+    Also flex_attention and compiled regions (``inductor_compiled_code``). Ops the running torch lacks are
+    left out, so the same call works across torch versions and builds.
+    """
+    _import_op_modules()
     ops = {_lookup(path) for path in _COMPUTE + _COMMUNICATION}
     ops.add(_compat.FLEX_ATTENTION)
     ops.add(_compat.INDUCTOR_COMPILED_CODE)
@@ -95,18 +116,30 @@ def llm_save_list() -> frozenset:
 
 
 class _LLM:
-    """MUST_SAVE for the ops of ``llm_save_list()``, every ``sac2.Region`` and device-to-host copies."""
+    """MUST_SAVE for the ops of ``llm_save_list()``, flash-attn style custom kernels (an op whose name contains
+    ``flash_attn``, as TRL's policy matches them), every ``sac2.Region`` and device-to-host copies."""
 
-    __slots__ = ("ops", "_ids")
+    __slots__ = ("ops", "_known")
 
     def __init__(self, ops: frozenset) -> None:
         self.ops = ops
-        self._ids = frozenset(map(id, ops))  # runs once per op: id() avoids OpOverload's Python __hash__
+        # id(op) -> (op, saved?): runs once per op, and id() avoids OpOverload's Python __hash__; holding the op
+        # keeps its id from being reused.
+        self._known: dict[int, tuple[Any, bool]] = {id(op): (op, True) for op in ops}
 
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if id(op) in self._ids or type(op) is Region or _is_device_to_host(op, args, kwargs):
+        if type(op) is Region:
+            return MUST_SAVE
+        known = self._known.get(id(op))
+        if known is None:
+            known = self._known[id(op)] = (op, isinstance(op, _compat.OpOverload) and "flash_attn" in op_name(op))
+        if known[1] or _is_device_to_host(op, args, kwargs):
             return MUST_SAVE
         return PREFER_RECOMPUTE
+
+    def __reduce__(self) -> tuple:
+        _compat.register_op_pickling(self.ops)
+        return _LLM, (self.ops,)
 
     def __repr__(self) -> str:
         return "sac2.policies.llm()"
@@ -121,8 +154,11 @@ def _is_device_to_host(op: Any, args: tuple, kwargs: dict) -> bool:
 
 
 def llm() -> PolicyFn:
-    """The default policy for transformer blocks: save ``llm_save_list()``, regions and D2H copies; recompute the
-    cheap rest (norms, activations, residual adds, RoPE)."""
+    """The default policy for transformer blocks: save ``llm_save_list()``, flash-attn custom ops, regions and D2H
+    copies; recompute the cheap rest (norms, activations, residual adds, RoPE).
+
+    torchtitan-like, with a wider list than ``torchtitan()``: every matmul (not every other), every attention
+    kernel, and every functional collective (all-gather and all-reduce too)."""
     return _LLM(llm_save_list())
 
 
@@ -196,15 +232,17 @@ def recompute_linears(model: nn.Module, names: Iterable[str]) -> PolicyFn:
     A name matches a module whose qualified name is the name or ends with ``"." + name`` (``"router.gate"``
     matches ``layers.3.moe.router.gate``). Matmuls are recognised by the weight's shape, which is what a dispatch
     mode can see: another Linear of the same shape is recomputed too, and a warning names it. Use it for small,
-    cheap matmuls whose outputs are large or that run with dynamic shapes, such as an MoE router.
+    cheap matmuls whose outputs are large or that run with dynamic shapes, such as an MoE router. A name that
+    matches no module warns once and forces nothing, so one config serves dense and MoE models alike.
     """
     names = list(names)
     shapes: set[tuple[int, int]] = set()
     chosen: set[str] = set()
+    unmatched = []
     for name in names:
         found = [(fqn, m) for fqn, m in model.named_modules() if _matches(fqn, name)]
         if not found:
-            raise ValueError(f"sac2.policies.recompute_linears: no module of the model is named {name!r}.")
+            unmatched.append(name)
         for fqn, m in found:
             if not isinstance(m, nn.Linear):
                 raise ValueError(
@@ -213,6 +251,12 @@ def recompute_linears(model: nn.Module, names: Iterable[str]) -> PolicyFn:
                 )
             shapes.add(tuple(m.weight.shape))
             chosen.add(fqn)
+    if unmatched:
+        warnings.warn(
+            f"sac2.policies.recompute_linears: no module of the model is named {unmatched}, so nothing is forced "
+            f"to recompute for them (torchtitan's default 'moe.router.gate' matches nothing in a dense model too).",
+            stacklevel=2,
+        )
     twins = [
         fqn
         for fqn, m in model.named_modules()
@@ -267,3 +311,97 @@ def compose(*policies: PolicyFn) -> PolicyFn:
         if not callable(p):
             raise TypeError(f"sac2.policies.compose: {p!r} is not a policy callable.")
     return _Compose(policies)
+
+
+_TO_COPY = torch.ops.aten._to_copy.default
+_TITAN_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.linear.default)
+_TITAN_COMPUTE = (
+    "aten._scaled_dot_product_cudnn_attention.default",
+    "aten._scaled_dot_product_attention_math.default",
+    "aten._scaled_dot_product_fused_attention_overrideable.default",
+    "aten.max.default",
+    "aten.linear.default",
+    "aten.topk.default",
+    "torch_attn._varlen_attn.default",
+)
+# all_gather_into_tensor and all_reduce are not in the list: torchtitan recomputes them.
+_TITAN_COMMUNICATION = (
+    "_c10d_functional.reduce_scatter_tensor.default",
+    "_c10d_functional.all_to_all_single.default",
+    "deepep.dispatch.default",
+    "deepep.combine.default",
+    "hybridep.dispatch.default",
+    "hybridep.combine.default",
+)
+
+
+def torchtitan_save_list() -> frozenset:
+    """torchtitan 0.3.0's default save list (``_get_default_save_ops``): the partitioner's compute-intensive ops,
+    SDPA, max, linear, topk, flex_attention, compiled regions, reduce-scatter and all-to-all, and the DeepEP and
+    HybridEP dispatch/combine ops. Optional ops are in only when registered at the time of the call."""
+    _import_op_modules()
+    ops = set(_compat.partitioner_compute_intensive_ops())
+    ops.update(_lookup(path) for path in _TITAN_COMPUTE + _TITAN_COMMUNICATION)
+    ops.add(_compat.FLEX_ATTENTION)
+    ops.add(_compat.INDUCTOR_COMPILED_CODE)
+    ops.discard(None)
+    return frozenset(ops)
+
+
+class _Torchtitan:
+    """torchtitan 0.3.0's ``SelectiveAC`` policy, answer for answer (PREFER_RECOMPUTE where it answers that)."""
+
+    __slots__ = ("ops", "shapes", "_ids")
+
+    def __init__(self, ops: frozenset, shapes: frozenset) -> None:
+        self.ops = ops
+        self.shapes = shapes  # (in_features, out_features): the right-hand side of the mm
+        self._ids = frozenset(map(id, ops))
+
+    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if op is _TO_COPY and "cuda" in str(args[0].device) and str(kwargs.get("device")) == "cpu":
+            return MUST_SAVE  # "device" absent reads as "None", which is not "cpu"
+        if op in _TITAN_MATMULS:
+            rhs = tuple(args[1].shape)
+            if (rhs[::-1] if op is torch.ops.aten.linear.default else rhs) in self.shapes:
+                return PREFER_RECOMPUTE
+            state = forward_state(ctx, self)
+            n = state["mm"] = state.get("mm", 0) + 1
+            if id(op) in self._ids:
+                return MUST_SAVE if n % 2 else PREFER_RECOMPUTE
+            return PREFER_RECOMPUTE
+        return MUST_SAVE if id(op) in self._ids else PREFER_RECOMPUTE
+
+    def __reduce__(self) -> tuple:
+        _compat.register_op_pickling(self.ops)
+        return _Torchtitan, (self.ops, self.shapes)
+
+    def __repr__(self) -> str:
+        shapes = f"force_recompute_mm_shapes={sorted(self.shapes)}" if self.shapes else ""
+        return f"sac2.policies.torchtitan({shapes})"
+
+
+def torchtitan(
+    model: nn.Module | None = None, force_recompute_mm_shapes_by_fqns: Iterable[str] = ("moe.router.gate",)
+) -> PolicyFn:
+    """torchtitan 0.3.0's default selective AC (``SelectiveAC``), decision for decision.
+
+    Saves ``torchtitan_save_list()`` and CUDA-to-CPU copies, except every second mm/linear of each forward of a
+    block; all-gathers and all-reduces are recomputed. The mms whose right-hand side has the shape of an
+    ``nn.Linear`` of ``model`` whose qualified name contains one of ``force_recompute_mm_shapes_by_fqns`` are
+    recomputed and not counted; a name matching nothing forces nothing, silently, as in torchtitan. Counting
+    needs sac2's modes (one context per forward), as ``every_other_matmul`` does.
+    """
+    fqns = list(force_recompute_mm_shapes_by_fqns)
+    shapes = set()
+    for fqn, m in model.named_modules() if model is not None else ():
+        if not any(f in fqn for f in fqns):
+            continue
+        if not isinstance(m, nn.Linear):
+            raise ValueError(
+                f"sac2.policies.torchtitan: force_recompute_mm_shapes_by_fqns matched {fqn!r}, a "
+                f"{type(m).__name__}; it must match nn.Linear modules."
+            )
+        out_features, in_features = m.weight.shape
+        shapes.add((in_features, out_features))
+    return _Torchtitan(torchtitan_save_list(), frozenset(shapes))
