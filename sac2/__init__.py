@@ -13,10 +13,12 @@ from sac2.keys import Region, region_of
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.profile import activation_memory
 from sac2.wrappers import (
+    ActivationWrapper,
     CheckpointImpl,
     CheckpointWrapper,
     apply_activation_checkpointing,
     checkpoint_module,
+    OffloadWrapper,
     checkpoint_wrapper,
     offload_wrapper,
 )
@@ -32,12 +34,14 @@ __all__ = [
     "region",
     "policies",
     "apply_ac",
+    "ActivationWrapper",
     "CheckpointImpl",
     "CheckpointWrapper",
     "apply_activation_checkpointing",
     "checkpoint_module",
     "checkpoint_wrapper",
     "offload_wrapper",
+    "OffloadWrapper",
     "explain",
     "Report",
     "plot_budgets",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any, Callable, Iterable, Union
 
 from torch import nn
@@ -37,7 +38,8 @@ def apply_ac(
       ``mode="full", every=k``); the others run without checkpointing.
     - ``checkpoint_kwargs`` go to ``sac2.checkpoint`` (``preserve_rng_state``, ``determinism_check``, ...).
 
-    Wrapped state dicts keep the unwrapped keys, so apply it before or after loading weights.
+    Wrapped state dicts keep the unwrapped keys, so apply it before or after loading weights. Blocks that
+    transformers already checkpoints (``gradient_checkpointing = True``) would be recomputed twice: it warns.
     """
     if mode not in _MODES:
         raise ValueError(f"sac2.apply_ac: mode={mode!r}; expected one of {_MODES}.")
@@ -50,12 +52,27 @@ def apply_ac(
     if mode == "selective":
         context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
         checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
+    found = _find_blocks(model, blocks)
+    _warn_if_hf_checkpointed(found)
     wrapped = []
-    for i, (parent, attr, fqn) in enumerate(_find_blocks(model, blocks)):
+    for i, (parent, attr, fqn) in enumerate(found):
         if (i + 1) % every == 0:
             setattr(parent, attr, checkpoint_wrapper(getattr(parent, attr), **checkpoint_kwargs))
             wrapped.append(fqn)
     return wrapped
+
+
+def _warn_if_hf_checkpointed(blocks: list[tuple[nn.Module, str, str]]) -> None:
+    """Warn when transformers' own gradient checkpointing is on for some of ``blocks`` (its layers' flag)."""
+    modules = ((fqn, getattr(parent, attr)) for parent, attr, fqn in blocks)
+    names = [fqn for fqn, m in modules if getattr(m, "gradient_checkpointing", False) is True]
+    if names:
+        warnings.warn(
+            f"sac2.apply_ac: {names} already run under transformers' gradient checkpointing "
+            f"(gradient_checkpointing = True), so wrapping them checkpoints them twice. Call "
+            f"model.gradient_checkpointing_disable() before sac2.apply_ac.",
+            stacklevel=3,
+        )
 
 
 def _find_blocks(model: nn.Module, blocks: Blocks) -> list[tuple[nn.Module, str, str]]:

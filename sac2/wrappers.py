@@ -4,7 +4,10 @@
 arguments of their namesakes in ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper`` and produce
 modules with the same state-dict keys, so checkpoints move freely between wrapped and unwrapped models and between
 torch's wrapper and sac2's. ``checkpoint_module`` checkpoints a module in place without a wrapper, keeping every
-qualified name as it was.
+qualified name as it was, and pickles (``torch.save(model)``).
+
+A sac2 wrapper whose forward runs inside another non-reentrant checkpoint's forward (HF's gradient checkpointing,
+an outer wrapper) would be recomputed twice in backward: it warns once, naming the module and the fix.
 
 ``CheckpointImpl`` is torch's enum. ``NO_REENTRANT`` (the default) is ``sac2.checkpoint``: selective policies via
 ``context_fn``. ``REENTRANT`` runs torch's reentrant checkpoint, which recomputes the whole module and cannot
@@ -14,6 +17,8 @@ apply a policy, so a ``context_fn`` with it is rejected when the wrapper is buil
 from __future__ import annotations
 
 import functools
+import warnings
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -23,6 +28,7 @@ from sac2 import _compat
 from sac2.checkpointing import checkpoint
 
 __all__ = [
+    "ActivationWrapper",
     "CheckpointImpl",
     "CheckpointWrapper",
     "OffloadWrapper",
@@ -37,8 +43,11 @@ _WRAPPED = "_checkpoint_wrapped_module"
 _PREFIX = _WRAPPED + "."
 
 
-class _ActivationWrapper(nn.Module):
-    """Holds the module as ``_checkpoint_wrapped_module`` and hides that name from state dicts and parameter names."""
+class ActivationWrapper(nn.Module):
+    """Holds the module as ``_checkpoint_wrapped_module`` and hides that name from state dicts and parameter names.
+
+    The base of ``CheckpointWrapper`` and ``OffloadWrapper``; torch's ``ActivationWrapper`` counts it as one of its
+    own (``isinstance``)."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -77,7 +86,7 @@ def _replace_prefix(state_dict: dict[str, Any], old: str, new: str) -> None:
         state_dict[new + key[len(old) :] if key.startswith(old) else key] = value
 
 
-class CheckpointWrapper(_ActivationWrapper):
+class CheckpointWrapper(ActivationWrapper):
     """Runs the wrapped module under ``sac2.checkpoint`` (or ``checkpoint_fn``) with ``checkpoint_fn_kwargs``.
 
     Build it with ``checkpoint_wrapper``. Keyword arguments of the module's forward work with every
@@ -115,10 +124,11 @@ class CheckpointWrapper(_ActivationWrapper):
                 return module(*flat[:n], **dict(zip(names, flat[n:])))
 
             return self.checkpoint_fn(run, *args, *kwargs.values())
+        _warn_if_nested(self._checkpoint_wrapped_module)
         return self.checkpoint_fn(self._checkpoint_wrapped_module, *args, **kwargs)
 
 
-class OffloadWrapper(_ActivationWrapper):
+class OffloadWrapper(ActivationWrapper):
     """Keeps the wrapped module's activations in pinned CPU memory between forward and backward."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -126,8 +136,25 @@ class OffloadWrapper(_ActivationWrapper):
             return self._checkpoint_wrapped_module(*args, **kwargs)
 
 
+_compat.register_activation_wrapper(ActivationWrapper)
 _compat.register_activation_wrapper(CheckpointWrapper)
 _compat.register_activation_wrapper(OffloadWrapper)
+
+
+_warned_nested: weakref.WeakSet = weakref.WeakSet()
+
+
+def _warn_if_nested(module: nn.Module) -> None:
+    """Warn, once per module, when it is about to be checkpointed inside another checkpoint's forward."""
+    if module in _warned_nested or torch.compiler.is_compiling() or not _compat.in_checkpoint_forward():
+        return
+    _warned_nested.add(module)
+    warnings.warn(
+        f"sac2: this {type(module).__name__} is checkpointed inside the forward of another checkpoint, so backward "
+        f"recomputes it twice. Checkpoint it once: drop the outer checkpoint (in transformers, "
+        f"model.gradient_checkpointing_disable()) or the sac2 wrapper.",
+        stacklevel=3,
+    )
 
 
 def checkpoint_wrapper(
@@ -219,17 +246,31 @@ _checkpointed_classes: dict[type, type] = {}
 
 
 def _checkpointed_class(cls: type) -> type:
-    """The subclass of ``cls`` whose forward runs the original one under ``sac2.checkpoint``."""
+    """The subclass of ``cls`` whose forward runs the original one under ``sac2.checkpoint``.
+
+    It is made at run time, so pickle cannot find it by name: an instance pickles as "the checkpointed class of
+    ``cls``" (``_new_checkpointed``) with its ``__dict__``, and loading makes or finds that class again.
+    """
     new = _checkpointed_classes.get(cls)
     if new is None:
 
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            _warn_if_nested(self)
             return checkpoint(super(new, self).forward, *args, **self._sac2_checkpoint_kwargs, **kwargs)
 
-        new = type(f"Checkpointed{cls.__name__}", (cls,), {"forward": forward, "__module__": cls.__module__})
+        def __reduce_ex__(self: nn.Module, protocol: int) -> tuple:
+            return _new_checkpointed, (cls,), self.__dict__
+
+        body = {"forward": forward, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__}
+        new = type(f"Checkpointed{cls.__name__}", (cls,), body)
         new.__qualname__ = f"Checkpointed{cls.__qualname__}"
         _checkpointed_classes[cls] = new
     return new
+
+
+def _new_checkpointed(cls: type) -> nn.Module:
+    """An empty instance of the checkpointed class of ``cls``, for pickle to fill with the state it saved."""
+    return object.__new__(_checkpointed_class(cls))
 
 
 def checkpoint_module(
@@ -244,7 +285,8 @@ def checkpoint_module(
     The module's class becomes a subclass of its class (``Checkpointed<Name>``, still an instance of the original)
     whose forward runs the original forward under ``sac2.checkpoint(..., context_fn=context_fn,
     **checkpoint_kwargs)``. Forward hooks of the module itself run once, outside the checkpoint; hooks of its
-    submodules run again in recompute. ``fully_shard`` and ``torch.compile`` work on the result.
+    submodules run again in recompute. ``fully_shard`` and ``torch.compile`` work on the result, and it pickles
+    (``torch.save``/``torch.load(weights_only=False)``) when ``context_fn`` does.
     """
     if getattr(module, "_sac2_checkpoint_kwargs", None) is not None:
         raise ValueError(f"sac2.checkpoint_module: this {type(module).__name__} is already checkpointed.")

@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import warnings
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from expecttest import TestCase
 from torch import nn
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as torch_cw
 from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy, size_based_auto_wrap_policy
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 
@@ -65,6 +67,18 @@ def _count_calls(module: nn.Module) -> list[int]:
     calls = [0]
     module.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the calls of each op that runs under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func] = self.counts.get(func, 0) + 1
+        return func(*args, **(kwargs or {}))
 
 
 class TestCheckpointWrapper(TestCase):
@@ -216,12 +230,18 @@ class TestCheckpointModule(TestCase):
         torch.testing.assert_close(_losses(model), _losses(_model()), atol=0, rtol=0)
 
     def test_selective_policy_saves_what_it_names(self):
-        block = Block()
-        calls = _count_calls(block.up)
-        sac2.checkpoint_module(block, context_fn=functools.partial(
-            sac2.create_selective_checkpoint_contexts, [torch.ops.aten.addmm.default]))
-        block(_x().requires_grad_()).sum().backward()
-        self.assertEqual(calls[0], 2)  # the Linear module runs again; its addmm is served from the record
+        # The Linears' addmm runs again in backward only when the policy does not save it (the gradients are mms).
+        addmms_in_backward = {}
+        for name, ops in (("saves addmm", [torch.ops.aten.addmm.default]), ("saves nothing", [])):
+            block = sac2.checkpoint_module(
+                Block(), context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, ops)
+            )
+            out = block(_x().requires_grad_())
+            with _CountOps() as counter:
+                out.sum().backward()
+            addmms_in_backward[name] = counter.counts.get(torch.ops.aten.addmm.default, 0)
+        self.assertEqual(addmms_in_backward["saves addmm"], 0)
+        self.assertGreater(addmms_in_backward["saves nothing"], 0)
 
     def test_checkpointing_twice_is_an_error(self):
         block = sac2.checkpoint_module(Block())
@@ -233,6 +253,39 @@ class TestCheckpointModule(TestCase):
         calls = _count_calls(block.up)
         block(_x().requires_grad_()).sum().backward()
         self.assertEqual(calls[0], 2)
+
+
+class TestNestedCheckpoints(TestCase):
+    def _warnings(self, run) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+        return [str(w.message) for w in caught if "sac2" in str(w.message)]
+
+    def test_a_wrapper_inside_another_checkpoints_forward_warns_once(self):
+        inner = sac2.checkpoint_wrapper(Block())
+
+        def step():
+            x = _x().requires_grad_()
+            torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False).sum().backward()
+
+        self.assertExpectedInline("\n".join(self._warnings(lambda: [step(), step()])), """\
+sac2: this Block is checkpointed inside the forward of another checkpoint, so backward recomputes it twice. Checkpoint it once: drop the outer checkpoint (in transformers, model.gradient_checkpointing_disable()) or the sac2 wrapper.""")
+
+    def test_checkpoint_module_inside_a_checkpoint_wrapper_warns(self):
+        outer = sac2.checkpoint_wrapper(nn.Sequential(sac2.checkpoint_module(Block()), nn.ReLU()))
+        self.assertEqual(len(self._warnings(lambda: outer(_x().requires_grad_()).sum().backward())), 1)
+
+    def test_a_wrapper_alone_or_beside_another_does_not_warn(self):
+        model = _model()
+        sac2.apply_ac(model)
+        self.assertEqual(self._warnings(lambda: model(_x()).backward()), [])
+
+    def test_apply_ac_warns_about_blocks_transformers_already_checkpoints(self):
+        model = _model()
+        model.layers[0].gradient_checkpointing = model.layers[2].gradient_checkpointing = True
+        self.assertExpectedInline("\n".join(self._warnings(lambda: sac2.apply_ac(model))), """\
+sac2.apply_ac: ['layers.0', 'layers.2'] already run under transformers' gradient checkpointing (gradient_checkpointing = True), so wrapping them checkpoints them twice. Call model.gradient_checkpointing_disable() before sac2.apply_ac.""")
 
 
 @pytest.mark.parametrize("form", ["wrapper", "composable"])

@@ -1,0 +1,175 @@
+"""Policies, context_fns and checkpointed modules pickle, and decide the same after loading.
+
+The HF/TRL Trainer pickles its TrainingArguments, which hold the ``context_fn``. Each policy is asked about one
+recorded sequence of op calls before and after a ``pickle`` round trip; the answers must be equal.
+"""
+
+import functools
+import io
+import pickle
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as tuc
+from expecttest import TestCase
+from torch import nn
+from torch._higher_order_ops.wrap import InductorCompiledCallable, inductor_code_side_table, inductor_compiled_code
+from torch._ops import HigherOrderOperator
+
+import sac2
+from sac2 import policies
+from sac2.answers import ForwardContext, SaveList
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("sac2_test_pickle::flash_attn_fwd", mutates_args=())
+def flash_attn_fwd(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+flash_attn_fwd.register_autograd(lambda ctx, g: g * 2)
+
+_callable = InductorCompiledCallable(lambda inputs: [inputs[0].sin()], compile_region_name="compiled")
+inductor_code_side_table.add_callable(_callable)
+
+
+class Block(nn.Module):
+    """Linears, attention, topk/max, a custom flash_attn op, a sac2 region and (forward only: the stand-in for
+    compiled code has no autograd of its own) a compiled region."""
+
+    def __init__(self, d: int = 8, compiled: bool = False) -> None:
+        super().__init__()
+        self.compiled = compiled
+        self.qkv = nn.Linear(d, 3 * d)
+        self.gate = nn.Linear(d, 4, bias=False)
+        self.up = nn.Linear(d, 2 * d)
+        self.down = nn.Linear(2 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, -1)).transpose(1, 3).unbind(2)
+        x = x + flash_attn_fwd(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+        weights, _ = torch.topk(self.gate(x).softmax(-1), 2)
+        h = sac2.region(lambda t: self.down(F.silu(self.up(t))), name="mlp")(x)
+        if self.compiled:
+            h = inductor_compiled_code(_callable, [h])[0]
+        h = h * weights.sum(-1, keepdim=True)
+        return x + h / h.abs().max()
+
+
+def _block(compiled: bool = False) -> Block:
+    torch.manual_seed(0)
+    return Block(compiled=compiled)
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+
+def _recorded_calls(block: nn.Module) -> list[tuple]:
+    """(op, args, kwargs) of every op call sac2's forward mode asks a policy about, in one forward of ``block``."""
+    calls = []
+
+    def recording(ctx, op, *args, **kwargs):
+        calls.append((op, args, kwargs))
+        return sac2.CheckpointPolicy.PREFER_RECOMPUTE
+
+    sac2.checkpoint(block, _x(), context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, recording))
+    return calls
+
+
+def _answers(policy, calls: list[tuple]) -> list[str]:
+    """The policy's answer to each call, within one forward (one context, as sac2's forward mode gives)."""
+    ctx = ForwardContext()
+    return [policy(ctx, op, *args, **kwargs).name for op, args, kwargs in calls]
+
+
+def _round_trip(obj):
+    return pickle.loads(pickle.dumps(obj))
+
+
+class TestPoliciesPickle(TestCase):
+    def setUp(self):
+        self.block = _block(compiled=True)
+        self.calls = _recorded_calls(self.block)
+
+    def _assert_decides_the_same(self, policy):
+        before = _answers(policy, self.calls)
+        self.assertEqual(_answers(_round_trip(policy), self.calls), before)
+        self.assertNotEqual(set(before), {"PREFER_RECOMPUTE"})  # it decides something
+
+    def test_llm(self):
+        self._assert_decides_the_same(policies.llm())
+
+    def test_torchtitan(self):
+        self._assert_decides_the_same(policies.torchtitan(self.block, ["gate"]))
+
+    def test_every_other_matmul(self):
+        self._assert_decides_the_same(policies.every_other_matmul())
+
+    def test_recompute_linears(self):
+        self._assert_decides_the_same(policies.recompute_linears(self.block, ["gate"]))
+
+    def test_compose(self):
+        block = self.block
+        self._assert_decides_the_same(
+            policies.compose(policies.recompute_linears(block, ["gate"]), policies.every_other_matmul(), policies.llm())
+        )
+
+    def test_save_list_of_ops_hops_and_regions(self):
+        self._assert_decides_the_same(
+            SaveList([aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention, sac2.Region("mlp")])
+        )
+
+    def test_memory_budget_keyed_by_ops_hops_compiled_callables_and_regions(self):
+        budget = policies.memory_budget(self.block, (_x(),), 0.5, cost="flops")
+        keys = {type(c.key).__name__ for c in budget.profile.calls}
+        self.assertLessEqual({"OpOverload", "Region", "tuple"}, keys)  # the tuple holds the HOP and its callable
+        self._assert_decides_the_same(budget)
+
+
+class TestContextFnPickles(TestCase):
+    def test_partial_over_a_list_rebuilds_the_same_ops_and_checkpoints(self):
+        ops = [aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention]
+        context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, ops))
+        for loaded, op in zip(context_fn.args[0], ops, strict=True):
+            self.assertIs(loaded, op)
+        sac2.checkpoint(_block(), _x(), context_fn=context_fn).sum().backward()
+
+    def test_partial_over_a_preset(self):
+        context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, policies.llm()))
+        sac2.checkpoint(_block(), _x(), context_fn=context_fn).sum().backward()
+
+    def test_torchs_own_list_policy_pickles_once_sac2_is_imported(self):
+        context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, [aten.mm.default])
+        self.assertIs(_round_trip(context_fn).args[0][0], aten.mm.default)
+
+    def test_a_hop_made_after_sac2_was_imported_pickles_in_a_save_list(self):
+        class LateHOP(HigherOrderOperator):
+            def __init__(self) -> None:
+                super().__init__("sac2_test_late_hop")
+
+            def __call__(self, *args):
+                return super().__call__(*args)
+
+        hop = LateHOP()
+        self.assertEqual(_round_trip(SaveList([hop])).ops, frozenset([hop]))
+
+
+class TestCheckpointedModulesPickle(TestCase):
+    def test_torch_save_and_load_keep_checkpoint_module_checkpointing(self):
+        model = nn.Sequential(_block(), nn.Linear(8, 8))
+        sac2.checkpoint_module(
+            model[0], context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, policies.llm())
+        )
+        buffer = io.BytesIO()
+        torch.save(model, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        self.assertIs(type(loaded[0]), type(model[0]))
+        runs = []
+        loaded[0].gate.register_forward_hook(lambda *_: runs.append(1))
+        out = loaded(_x())
+        self.assertTrue(torch.equal(out, model(_x())))
+        out.sum().backward()
+        self.assertEqual(len(runs), 2)  # forward, and again in backward's recompute
