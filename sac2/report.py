@@ -3,12 +3,14 @@
 One profiled forward (``sac2.profile``) asks the policy about every op call, as sac2's forward mode would. Rows
 group calls by op (a ``sac2.region`` is one op): how many calls, the activation bytes its saved calls keep, the
 bytes its recomputed calls free, the recompute cost, the decision and the rule that made it. A policy names
-its rule with ``why(op_key, call_index) -> str`` (``MemoryBudget`` does); otherwise the policy's name stands.
+its rule with ``why(op_key, call_index) -> str`` (``MemoryBudget`` does); otherwise the policy's name stands
+(a preset's repr, a function's ``module.qualname``).
 """
 
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -142,6 +144,8 @@ def _decision(prof: Profile, calls: list[int], served: set[int]) -> str:
 def _policy_name(policy: Any) -> str:
     if isinstance(policy, SaveList):
         return "save list"
+    if isinstance(policy, (types.FunctionType, types.MethodType)):  # their repr holds an address
+        return f"{policy.__module__}.{policy.__qualname__}"
     if type(policy).__repr__ is not object.__repr__:  # presets name themselves, e.g. sac2.policies.llm()
         return repr(policy)
     return getattr(policy, "__name__", None) or type(policy).__name__

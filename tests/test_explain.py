@@ -22,6 +22,10 @@ def _input() -> torch.Tensor:
     return torch.ones(4, 16, requires_grad=True)
 
 
+def save_addmm(ctx, op, *args, **kwargs):
+    return op is aten.addmm.default
+
+
 class TestExplain(TestCase):
     def test_table_for_a_save_list(self):
         report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
@@ -44,6 +48,17 @@ aten.t.default      2      0        0        0                 recompute  memory
 aten.addmm.default  2      768      0        0                 save       memory_budget(768 B, exact)
 aten.relu.default   1      0        512      128               recompute  memory_budget(768 B, exact)
 aten.tanh.default   1      0        256      64                recompute  memory_budget(768 B, exact)
+total               6      768      768      192""")
+
+    def test_rule_names_a_function_policy_by_its_qualified_name(self):
+        report = explain(_mlp(), (_input(),), save_addmm, cost="flops")
+        self.assertExpectedInline(str(report), """\
+op                  calls  saved B  freed B  recompute (flop)  decision   rule
+------------------  -----  -------  -------  ----------------  ---------  -----------------------
+aten.t.default      2      0        0        0                 recompute  test_explain.save_addmm
+aten.addmm.default  2      768      0        0                 save       test_explain.save_addmm
+aten.relu.default   1      0        512      128               recompute  test_explain.save_addmm
+aten.tanh.default   1      0        256      64                recompute  test_explain.save_addmm
 total               6      768      768      192""")
 
     def test_json_round_trips(self):
