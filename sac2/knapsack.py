@@ -12,8 +12,6 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 __all__ = ["Solution", "solve"]
 
 #: Largest DP table (items x capacity cells) built; 32M one-byte cells.
@@ -64,6 +62,8 @@ def solve(weights: Sequence[int], values: Sequence[float], capacity: int) -> Sol
 
 def _dp(weights: list[int], values: list[float], capacity: int) -> list[int]:
     """Exact 0/1 knapsack over integer weights; returns the chosen positions."""
+    import numpy as np  # here, not at the top: sac2 and every policy but a budget need only torch
+
     best = np.zeros(capacity + 1)
     take = np.zeros((len(weights), capacity + 1), dtype=bool)
     for j, (w, v) in enumerate(zip(weights, values)):
