@@ -1,0 +1,334 @@
+"""Cases where sac2 0.1 was silently wrong or failed where stock SAC is right, each found by differential fuzzing
+or review: gradients, outputs after backward and generator states equal those of the un-checkpointed run."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sac2
+
+aten = torch.ops.aten
+
+
+def _contexts(policy):
+    return functools.partial(sac2.create_selective_checkpoint_contexts, policy)
+
+
+def _save_all(ctx, op, *args, **kwargs):
+    return sac2.CheckpointPolicy.MUST_SAVE
+
+
+def _grads(fn, inputs, **checkpoint_kwargs):
+    """(outputs, gradients of their sum of sums) of ``fn`` run plainly (no kwargs) or under ``sac2.checkpoint``."""
+    inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = sac2.checkpoint(fn, *inputs, **checkpoint_kwargs) if checkpoint_kwargs else fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    loss = sum(o.sum() for o in outs if o.requires_grad)
+    grads = torch.autograd.grad(loss, [t for t in inputs if t.requires_grad])
+    return tuple(o.detach().clone() for o in outs), grads
+
+
+def _assert_same(fn, inputs, policy, **kwargs):
+    torch.manual_seed(0)
+    expected = _grads(fn, inputs)
+    torch.manual_seed(0)
+    actual = _grads(fn, inputs, context_fn=_contexts(policy), **kwargs)
+    for e, a in zip(expected, actual):
+        for x, y in zip(e, a):
+            assert torch.equal(x, y)
+
+
+# ---- 1. preserve_rng_state=False leaves the generator where no checkpointing leaves it ----
+
+
+def _noise_then_sin(x):
+    return (x * torch.rand_like(x)).sin()
+
+
+def _noisy_region(x):
+    return x * torch.rand_like(x)
+
+
+_region = sac2.region(_noisy_region, name="never_silently_wrong.noisy")
+
+
+def _noisy_region_then_sin(x):
+    return _region(x).sin()  # sin saves its input: backward recomputes
+
+
+@pytest.mark.parametrize(
+    "fn, policy",
+    [
+        (_noise_then_sin, [aten.rand_like.default]),
+        (_noise_then_sin, _save_all),
+        (_noisy_region_then_sin, [sac2.Region("never_silently_wrong.noisy")]),
+        (_noisy_region_then_sin, _save_all),
+    ],
+    ids=["saved_random_op", "everything_saved", "saved_region_list", "saved_region_function"],
+)
+def test_backward_without_preserve_rng_state_does_not_rewind_the_generator(fn, policy):
+    # Numbers drawn between forward and backward must not be drawn again after backward.
+    x = torch.randn(64, requires_grad=True)
+    torch.manual_seed(0)
+    y = fn(x)
+    torch.rand(8)
+    y.sum().backward()
+    after_plain = torch.get_rng_state()
+    torch.manual_seed(0)
+    y = sac2.checkpoint(fn, x, context_fn=_contexts(policy), preserve_rng_state=False)
+    torch.rand(8)
+    y.sum().backward()
+    assert torch.equal(torch.get_rng_state(), after_plain)
+
+
+def test_saved_random_op_still_advances_the_generator_for_recomputed_draws_when_preserving_rng():
+    def fn(x):
+        return F.dropout(F.dropout(x, 0.5, training=True).sin(), 0.5, training=True)
+
+    first = [c for c in (aten.native_dropout.default, aten.bernoulli_.float)]
+    calls = {"n": 0}
+
+    def save_first_dropout(ctx, op, *args, **kwargs):
+        if op in first:
+            calls["n"] += 1
+            return calls["n"] == 1
+        return False
+
+    _assert_same(fn, [torch.randn(64, requires_grad=True)], save_first_dropout)
+
+
+# ---- 2. a saved factory op later written in place ----
+
+
+def _save_all_but_in_place(ctx, op, *args, **kwargs):
+    return torch.Tag.inplace not in getattr(op, "tags", ())
+
+
+@pytest.mark.parametrize("factory", ["zeros", "zeros_like", "ones_like", "empty_like", "full"])
+def test_saved_factory_output_written_in_place_later_is_recomputed(factory):
+    make = {
+        "zeros": lambda x: torch.zeros(4),
+        "zeros_like": torch.zeros_like,
+        "ones_like": torch.ones_like,
+        "empty_like": lambda x: torch.empty_like(x).fill_(0.5),
+        "full": lambda x: torch.full((4,), 2.0),
+    }[factory]
+
+    def fn(x):
+        buf = make(x)
+        buf.add_(x.detach())
+        return buf * x, buf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # sac2 warns that the saved value went stale
+        _assert_same(fn, [torch.randn(4, requires_grad=True)], _save_all_but_in_place)
+
+
+def test_recompute_does_not_write_into_a_returned_factory_buffer():
+    def fn(x):
+        buf = torch.zeros(4)
+        buf.add_(x.detach())
+        return buf * x, buf
+
+    x = torch.randn(4, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, buf = sac2.checkpoint(fn, x, context_fn=_contexts(_save_all_but_in_place))
+    before = buf.clone()
+    out.sum().backward()
+    assert torch.equal(buf, before)
+
+
+# ---- 3. in-place metadata ops are re-run like views ----
+
+
+def _t(y):
+    return y.t_()
+
+
+def _transpose(y):
+    return y.transpose_(0, 1)
+
+
+def _unsqueeze(y):
+    return y.unsqueeze_(0)
+
+
+def _squeeze(y):
+    return y.unsqueeze(0).mul(1.0).squeeze_(0)
+
+
+@pytest.mark.parametrize("meta", [_t, _transpose, _unsqueeze, _squeeze], ids=["t_", "transpose_", "unsqueeze_", "squeeze_"])
+def test_saved_in_place_metadata_ops_replay_correctly(meta):
+    def fn(a, b):
+        y = (a @ b) * 1.5
+        return meta(y).exp()
+
+    _assert_same(fn, [torch.randn(4, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)], _save_all)
+
+
+def test_matmul_of_a_vector_and_a_matrix_under_save_everything():
+    # matmul(1-D, 2-D) runs squeeze_ inside
+    _assert_same(
+        lambda v, m: torch.matmul(v, m).tanh(),
+        [torch.randn(8, requires_grad=True), torch.randn(8, 4, requires_grad=True)],
+        _save_all,
+    )
+
+
+# ---- 4. out= ops that resize their output ----
+
+
+def test_saved_out_op_that_resizes_its_out_tensor():
+    def fn(a):
+        out = torch.empty(0)
+        torch.mul(a.detach(), 3, out=out)
+        return a * out
+
+    _assert_same(fn, [torch.randn(4, 4, requires_grad=True)], _save_all)
+
+
+# ---- 5. policies with per-forward state ----
+
+
+def test_every_other_matmul_under_torch_modes_raises_instead_of_saving_every_matmul():
+    policy = sac2.policies.every_other_matmul()
+    context_fn = functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, policy)
+    x = torch.randn(4, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="needs sac2's modes"):
+        torch.utils.checkpoint.checkpoint(lambda t: (t @ t) @ t, x, use_reentrant=False, context_fn=context_fn)
+
+
+def test_nested_checkpoints_sharing_one_policy_count_their_calls_apart():
+    policy = sac2.policies.every_other_matmul()
+    answers = {"outer": [], "inner": []}
+
+    def recording(name):
+        def ask(ctx, op, *args, **kwargs):
+            answer = policy(ctx, op, *args, **kwargs)
+            if op is aten.mm.default:
+                answers[name].append(answer)
+            return answer
+
+        return ask
+
+    def inner(t):
+        return (t @ t).sin() @ t
+
+    def outer(t):
+        return sac2.checkpoint(inner, t @ t, context_fn=_contexts(recording("inner"))) @ t
+
+    sac2.checkpoint(outer, torch.randn(4, 4, requires_grad=True), context_fn=_contexts(recording("outer")))
+    save, recompute = sac2.CheckpointPolicy.MUST_SAVE, sac2.CheckpointPolicy.MUST_RECOMPUTE
+    assert answers == {"outer": [save, recompute, save, recompute], "inner": [save, recompute]}
+
+
+def test_memory_budget_keeps_separate_counts_for_interleaved_forwards():
+    from sac2.answers import ForwardContext
+
+    block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    budget = sac2.policies.memory_budget(block, (x,), 0.5, cost="flops")
+    calls = [(c.key, c.index) for c in budget.profile.calls]
+    alone = [budget(ForwardContext(), key) for key, _ in calls[:1]]
+    outer, inner = ForwardContext(), ForwardContext()
+    interleaved = []
+    for key, _ in calls:
+        interleaved.append(budget(outer, key))
+        budget(inner, key)  # another forward in between does not reset the first one's counts
+    fresh = ForwardContext()
+    assert interleaved == [budget(fresh, key) for key, _ in calls] and alone[0] == interleaved[0]
+
+
+# ---- 6. regions: CPU_OFFLOAD and a policy's TypeError ----
+
+
+def test_region_answered_cpu_offload_is_kept_and_not_run_again():
+    runs = []
+
+    @sac2.region(name="never_silently_wrong.offloaded")
+    def body(x):
+        runs.append(1)
+        return x.sin() * 2
+
+    def policy(ctx, op, *args, **kwargs):
+        if isinstance(op, sac2.Region):
+            return sac2.CheckpointPolicy.MUST_CPU_OFFLOAD
+        return sac2.CheckpointPolicy.PREFER_RECOMPUTE
+
+    x = torch.randn(8, requires_grad=True)
+    y = sac2.checkpoint(lambda t: body(t).cos(), x, context_fn=_contexts(policy))
+    runs.clear()
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert runs == []
+    assert torch.equal(grad, torch.autograd.grad(body(x).cos().sum(), x)[0])
+
+
+def test_a_type_error_raised_by_a_policy_for_a_region_reaches_the_caller():
+    body = sac2.region(lambda t: t * 2, name="never_silently_wrong.typed")
+
+    def policy(ctx, op, *args, **kwargs):
+        if isinstance(op, sac2.Region):
+            raise TypeError("policy cannot decide regions")
+        return False
+
+    with pytest.raises(TypeError, match="policy cannot decide regions"):
+        sac2.checkpoint(lambda t: body(t) * t, torch.randn(3, requires_grad=True), context_fn=_contexts(policy))
+
+
+# ---- 7. nested jagged tensors ----
+
+
+class _MLPBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm = nn.LayerNorm(8)
+        self.up = nn.Linear(8, 16)
+        self.down = nn.Linear(16, 8)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+def _njt():
+    torch.manual_seed(1)
+    parts = [torch.randn(n, 8) for n in (3, 5, 2)]
+    return torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=True)
+
+
+@pytest.mark.parametrize("policy", [[aten.addmm.default, aten.mm.default], _save_all, []], ids=["mm", "all", "none"])
+def test_pre_norm_mlp_block_on_a_nested_jagged_tensor(policy):
+    block = _MLPBlock()
+    x = _njt()
+    block(x).values().sum().backward()
+    expected = [p.grad.clone() for p in block.parameters()], x.grad.values().clone()
+    block.zero_grad()
+    x = _njt()
+    sac2.checkpoint(block, x, context_fn=_contexts(policy)).values().sum().backward()
+    for e, a in zip(expected[0], [p.grad for p in block.parameters()]):
+        assert torch.equal(e, a)
+    assert torch.equal(expected[1], x.grad.values())
+
+
+# ---- autocast caches casts: recompute may run fewer _to_copy than forward ----
+
+
+def test_recompute_under_autocast_with_cached_casts_does_not_diverge():
+    def fn(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = torch.tanh(F.linear(b, b))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            u = F.linear(b, h) + (b @ a).unsqueeze(1)
+        return torch.addmm(u.float(), h.float(), u.float())
+
+    a, b = torch.randn(4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    out = sac2.checkpoint(fn, a, b, context_fn=_contexts([]))
+    grads = torch.autograd.grad(out.sum(), (a, b), create_graph=True)
+    assert all(torch.equal(g, e) for g, e in zip(grads, torch.autograd.grad(fn(a, b).sum(), (a, b))))
