@@ -5,12 +5,12 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 
 from sac2 import policies
 from sac2.apply import apply_ac
-from sac2.modes import forward_count
 from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
 from sac2.compiled import compiled_region, region
 from sac2.report import Report, explain, plot_budgets
 from sac2.keys import Region, region_of
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
+from sac2.notices import forward_count
 from sac2.profile import activation_memory
 from sac2.wrappers import (
     ActivationWrapper,
@@ -47,6 +47,10 @@ __all__ = [
     "plot_budgets",
     "activation_memory",
     "forward_count",
+    "install",
+    "installed",
 ]
+
+from sac2.integrations import install, installed  # noqa: E402  (they import sac2's public names)
 
 __version__ = "0.1.0"

@@ -25,6 +25,7 @@ from sac2 import offload as _offload
 from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, SaveList, decide, op_name
 from sac2.notices import _warned, count_forward, forward_count, warn_once  # noqa: F401
 from sac2.notices import DIVERGED as _DIVERGED
+from sac2.notices import diverged
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.record import Record, Saved, keep, rng_before, rng_moved, served
 from sac2.regions import record_region, replay_region
@@ -337,6 +338,8 @@ class ReplayMode(SacMode):
         try:
             entry = self._log[i]
         except IndexError:
+            if func is _CAST:
+                return op.call(*args, **kwargs)  # a cast autocast's cache spared the forward (see _realign)
             raise RuntimeError(
                 f"sac2: recompute ran {op_name(key)} as op {i} of the region, but the forward ran only "
                 f"{len(self._log)} ops. {_DIVERGED}"
@@ -347,10 +350,6 @@ class ReplayMode(SacMode):
         if type(entry) is Saved and entry.key is key:
             return self._serve(entry, i, func, args, kwargs)
         return self._realign(i, func, op, key, args, kwargs)
-        raise RuntimeError(
-            f"sac2: recompute diverged from forward at op {i} of the region: forward ran "
-            f"{self.record.describe(i)}, recompute ran {op_name(key)}. {_DIVERGED}"
-        )
 
     def _realign(self, i: int, func: Any, op: OpInfo, key: Any, args: tuple, kwargs: dict) -> Any:
         """Autocast caches the casts of leaf tensors within an autocast block (and recompute in backward may find
@@ -369,7 +368,7 @@ class ReplayMode(SacMode):
             return op.call(*args, **kwargs) if entry is key else self._serve(entry, j, func, args, kwargs)
         raise RuntimeError(
             f"sac2: recompute diverged from forward at op {i} of the region: forward ran "
-            f"{self.record.describe(i)}, recompute ran {op_name(key)}. {_DIVERGED}"
+            f"{self.record.describe(i)}, recompute ran {op_name(key)}. {diverged(self.record.key_at(i))}"
         )
 
     def _serve(self, entry: Saved, i: int, func: Any, args: tuple, kwargs: dict) -> Any:

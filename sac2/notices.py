@@ -7,7 +7,7 @@ from typing import Any
 
 from sac2.answers import op_name
 
-__all__ = ["warn_once", "DIVERGED", "count_forward", "forward_count"]
+__all__ = ["warn_once", "DIVERGED", "diverged", "count_forward", "forward_count"]
 
 _warned: set[tuple[str, str]] = set()
 _forwards = 0
@@ -18,6 +18,24 @@ DIVERGED = (
     "state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when "
     "training with checkpointing)."
 )
+
+
+_FRESH = "aten.lift_fresh"
+
+
+def diverged(forward_op: Any) -> str:
+    """The advice for a divergence at an op forward ran: ``DIVERGED``, led by the likely cause where the op says.
+
+    ``lift_fresh`` is ``torch.tensor(...)`` from Python data: a forward that made one where recompute did not was
+    setting up state on its first call, as a KV cache does (transformers' ``DynamicCache``)."""
+    if op_name(forward_op).startswith(_FRESH):
+        return (
+            "Forward built a tensor from Python data here (torch.tensor) and recompute did not: the function keeps "
+            "state across calls that it set up in forward, such as a KV cache filled on its first call. Hugging "
+            "Face models build a DynamicCache in train mode unless use_cache=False: pass use_cache=False (or set "
+            "model.config.use_cache = False) when training with checkpointing. " + DIVERGED
+        )
+    return DIVERGED
 
 
 def warn_once(kind: str, key: Any, message: str) -> None:

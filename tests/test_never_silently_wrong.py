@@ -87,6 +87,19 @@ def test_backward_without_preserve_rng_state_does_not_rewind_the_generator(fn, p
     assert torch.equal(torch.get_rng_state(), after_plain)
 
 
+def test_a_saved_op_drawing_from_an_explicit_generator_leaves_it_where_no_checkpointing_does():
+    def fn(x, gen):
+        return (x * torch.rand(x.shape, generator=gen)).sin()
+
+    x = torch.randn(16, requires_grad=True)
+    plain = torch.Generator().manual_seed(3)
+    fn(x, plain).sum().backward()
+    gen = torch.Generator().manual_seed(3)
+    y = sac2.checkpoint(fn, x, gen, context_fn=_contexts(_save_all))
+    y.sum().backward()
+    assert torch.equal(gen.get_state(), plain.get_state())
+
+
 def test_saved_random_op_still_advances_the_generator_for_recomputed_draws_when_preserving_rng():
     def fn(x):
         return F.dropout(F.dropout(x, 0.5, training=True).sin(), 0.5, training=True)
@@ -332,3 +345,30 @@ def test_recompute_under_autocast_with_cached_casts_does_not_diverge():
     out = sac2.checkpoint(fn, a, b, context_fn=_contexts([]))
     grads = torch.autograd.grad(out.sum(), (a, b), create_graph=True)
     assert all(torch.equal(g, e) for g, e in zip(grads, torch.autograd.grad(fn(a, b).sum(), (a, b))))
+
+
+# ---- errors that name the cause ----
+
+
+class _Cache:
+    """A KV cache as transformers' DynamicCache fills it: set up on the first call, appended to after."""
+
+    def __init__(self) -> None:
+        self.keys = None
+
+    def update(self, k: torch.Tensor) -> torch.Tensor:
+        if self.keys is None:
+            self.keys = torch.tensor([])
+        self.keys = torch.cat([self.keys, k.detach()])
+        return self.keys
+
+
+def test_a_kv_cache_updated_inside_the_checkpoint_is_named_with_the_fix():
+    cache = _Cache()
+
+    def layer(k):
+        return (cache.update(k) * k.sum()).sum()
+
+    out = sac2.checkpoint(layer, torch.randn(3, requires_grad=True), context_fn=_contexts([]))
+    with pytest.raises(RuntimeError, match=r"forward ran aten\.lift_fresh.*KV cache.*use_cache=False"):
+        out.backward()

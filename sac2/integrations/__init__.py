@@ -5,6 +5,6 @@ bound at import time, to sac2 for as long as it is in effect; ``installed()`` re
 ``sac2.integrations.torchtitan`` applies torchtitan's activation-checkpointing classes with sac2.
 """
 
-from sac2.integrations.install import Installation, install, installed
+from sac2.integrations.rebinding import Installation, install, installed
 
 __all__ = ["install", "installed", "Installation"]

@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 import sac2
-from sac2.integrations.install import install
+from sac2.integrations.rebinding import install
 
 __all__ = ["apply_ac"]
 

@@ -12,7 +12,7 @@ rebinds, while it is in effect:
   (found by scanning ``sys.modules``, so a module that binds them under another name is found too); modules imported
   later get sac2's because the torch attributes they import from are rebound.
 
-Each is rebound to a forwarding function of this module (``sac2.integrations.install.checkpoint``, ...) that runs
+Each is rebound to a forwarding function of this module (``sac2.integrations.rebinding.checkpoint``, ...) that runs
 sac2's counterpart. Callables handed to them that still lead to torch's functions are redirected as well: torch's
 ``create_selective_checkpoint_contexts`` (or a ``functools.partial`` of it) as ``context_fn``, and a plain function
 such as torchtitan's ``lambda: create_selective_checkpoint_contexts(policy)``, which looks the name up in its
