@@ -34,7 +34,7 @@ def apply_ac(
     - ``blocks``: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
       module names, or a predicate (the outermost modules it accepts). Default: ``model.layers`` if it is such a
       container, else the one container of ``model`` with the most children, all of one class.
-    - ``every=k``: wrap only the k-th, 2k-th, ... block (torchtitan's ``selective_ac_option="k"`` is
+    - ``every=k``: wrap only the k-th, 2k-th, ... block (older torchtitan's ``selective_ac_option="k"`` is
       ``mode="full", every=k``); the others run without checkpointing.
     - ``checkpoint_kwargs`` go to ``sac2.checkpoint`` (``preserve_rng_state``, ``determinism_check``, ...).
 
