@@ -50,8 +50,8 @@ class SacMode(_compat.TorchDispatchMode):
         return True  # what compiled code dispatches is recorded like any op; dynamo need not skip the frame
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        _compat.skip_dynamo_in_mode(cls)  # before torch's __init_subclass__, which reads it
         super().__init_subclass__(**kwargs)
-        _compat.skip_dynamo_in_mode(cls)
 
     def __enter__(self) -> SacMode:
         super().__enter__()
@@ -102,6 +102,35 @@ class CachingMode(SacMode):
         if self._pending:
             self._flush()
         op = TABLE.get(id(func)) or info(func)
+        if op.plain and not self._tracing:
+            # The common case, kept short: a functional op that draws nothing, has no side effect, writes nothing.
+            out = op.call(*args, **kwargs)
+            log = self._log
+            if self._save_ids is not None:
+                if id(func) not in self._save_ids:
+                    log.append(func)
+                    return out
+                offload = False
+            else:
+                policy = self._decide(func, op, args, kwargs, out, len(log))
+                if policy not in SAVING:
+                    log.append(func)
+                    return out
+                offload = policy in OFFLOADING
+            entry = self._save(func, func, op, args, kwargs, out, None)
+            if entry is not None:
+                if offload:
+                    entry.offload = True
+                self.record.saved_at.append(len(log))
+                log.append(entry)
+            else:
+                log.append(func)
+            return out
+        return self._dispatch(func, op, args, kwargs)
+
+    def _dispatch(self, func: Any, op: OpInfo, args: tuple, kwargs: dict) -> Any:
+        """Every other op: views, in-place and ``out=`` ops, random ops, HOPs, keyed ops, and all ops while
+        tracing."""
         kind = op.kind
         if self._tracing:
             return self._trace(func, op, args, kwargs)

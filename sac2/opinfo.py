@@ -25,7 +25,7 @@ PLAIN, VIEW, IGNORE, HOP, KEYED = 0, 1, 2, 3, 4
 class OpInfo:
     """One op's entry in the table."""
 
-    __slots__ = ("op", "kind", "writes", "random", "ordered", "call")
+    __slots__ = ("op", "kind", "writes", "random", "ordered", "call", "plain")
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -34,6 +34,8 @@ class OpInfo:
         self.ordered = _compat.has_ordered_effect(op)
         self.kind = _kind(op, self)
         self.call: Callable[..., Any] = _compat.direct_call(op)
+        #: A functional aten or custom op that draws nothing and has no side effect: the forward's short path.
+        self.plain = self.kind == PLAIN and not (self.writes or self.random or self.ordered)
 
 
 def _kind(op: Any, entry: OpInfo) -> int:
