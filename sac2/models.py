@@ -4,6 +4,13 @@ A block is pre-norm attention (RMSNorm, fused QKV projection, causal SDPA) and a
 residual: the op mix (mm, SDPA, pointwise) of the models that selective checkpointing is tuned for.
 ``Transformer.forward`` runs each block through ``run_block(block, x)`` so the caller decides how blocks are
 checkpointed.
+
+``Transformer(cfg, region=wrap)`` builds the same model (same parameters, same ops in the same order) with each
+block's matmuls and attention called through ``wrap(fn, name)`` (names in ``REGION_NAMES``): with
+``wrap = lambda fn, name: sac2.region(fn, name=name)`` a policy that saves only ``sac2.Region``s keeps what an op
+list of matmuls + attention keeps, and a peer's region API (torch_remat) plugs in the same way. The wrapped
+functions are built from ``F.linear`` and SDPA, never from a module, so ``copy.deepcopy`` of the model stays
+self-contained.
 """
 
 from __future__ import annotations
@@ -15,7 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelConfig", "CONFIGS", "Block", "Transformer", "random_tokens"]
+__all__ = ["ModelConfig", "CONFIGS", "REGION_NAMES", "RegionWrap", "Block", "Transformer", "random_tokens"]
+
+#: How a region-wrapped model wraps one call: ``wrap(fn, name)`` returns a callable with ``fn``'s signature.
+RegionWrap = Callable[[Callable[..., torch.Tensor], str], Callable[..., torch.Tensor]]
+
+#: The calls of a block that ``Transformer(cfg, region=...)`` wraps, one region each, in forward order.
+REGION_NAMES = ("attn.qkv", "attn.sdpa", "attn.proj", "mlp.gate_up", "mlp.down")
 
 
 @dataclass(frozen=True)
@@ -48,11 +61,22 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-class Block(nn.Module):
-    """One transformer block: ``x + attn(norm(x))``, then ``h + mlp(norm(h))``."""
+def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def __init__(self, cfg: ModelConfig) -> None:
+
+class Block(nn.Module):
+    """One transformer block: ``x + attn(norm(x))``, then ``h + mlp(norm(h))``.
+
+    With ``region``, the four matmuls and the attention run through ``region(fn, name)`` (see the module doc).
+    """
+
+    def __init__(self, cfg: ModelConfig, region: RegionWrap | None = None) -> None:
         super().__init__()
+        self.calls: dict[str, Callable[..., torch.Tensor]] | None = None
+        if region is not None:
+            fns = (F.linear, _causal_sdpa, F.linear, F.linear, F.linear)
+            self.calls = {name: region(fn, name) for name, fn in zip(REGION_NAMES, fns)}
         self.n_heads = cfg.n_heads
         self.attn_norm = RMSNorm(cfg.dim)
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
@@ -62,6 +86,8 @@ class Block(nn.Module):
         self.down = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.calls is not None:
+            return self._forward_regions(x, self.calls)
         b, s, d = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(b, s, 3, self.n_heads, d // self.n_heads).unbind(2)
         a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
@@ -69,14 +95,28 @@ class Block(nn.Module):
         gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
         return h + self.down(F.silu(gate) * up)
 
+    def _forward_regions(self, x: torch.Tensor, calls: dict[str, Callable[..., torch.Tensor]]) -> torch.Tensor:
+        """``forward`` with the matmuls and attention called through their regions: the same ops, in order."""
+        b, s, d = x.shape
+        qkv = calls["attn.qkv"](self.attn_norm(x), self.qkv.weight)
+        q, k, v = qkv.view(b, s, 3, self.n_heads, d // self.n_heads).unbind(2)
+        a = calls["attn.sdpa"](q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        h = x + calls["attn.proj"](a.transpose(1, 2).reshape(b, s, d), self.proj.weight)
+        gate, up = calls["mlp.gate_up"](self.mlp_norm(h), self.gate_up.weight).chunk(2, dim=-1)
+        return h + calls["mlp.down"](F.silu(gate) * up, self.down.weight)
+
 
 class Transformer(nn.Module):
-    """Token embedding, ``n_layers`` blocks, final norm and LM head; ``forward`` returns the mean LM loss."""
+    """Token embedding, ``n_layers`` blocks, final norm and LM head; ``forward`` returns the mean LM loss.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    ``region`` wraps each block's matmuls and attention (see the module doc); the parameters are the same.
+    """
+
+    def __init__(self, cfg: ModelConfig, region: RegionWrap | None = None) -> None:
         super().__init__()
+        self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, region) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
 
