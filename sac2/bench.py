@@ -1,10 +1,20 @@
 """``python -m sac2 bench``: train a small llama-style model under each checkpointing mode and compare them.
 
-Modes: no checkpointing, full checkpointing, torch's stock SAC and sac2's SAC under the default LLM policy
-(``sac2.policies.llm()``), and every other sac2 policy in ``SAC2_POLICIES`` whose module is present. Every mode
-trains its own copy of one model on the same batches; the modes take turns step by step in one process (in a rotating order), so drift in machine
-speed hits all of them alike. Step 0 of each mode measures memory (``sac2.memory``) and is not timed. After every
-step, each mode's loss and gradients are compared with ``torch.equal`` to the no-checkpointing run's.
+Rows (``rows()``, plain code in one place): no checkpointing, full checkpointing, torch's stock SAC and sac2's
+SAC under the default LLM policy (``sac2.policies.llm()``), other sac2 policies (every other matmul, memory
+budgets), sac2 region-only policies (the model's matmuls and attention wrapped in ``sac2.region``s, a policy that
+names only ``sac2.Region``s), and torch_remat (the region-based peer, when it is installed) keeping the same calls
+in ``remat.region(..., recompute=False)``. ``--compile`` runs none, full, stock, sac2 (and torch_remat) each under
+``torch.compile`` with the default inductor backend.
+
+Every mode trains its own copy of one model on the same batches; the modes take turns step by step in one process
+(in a rotating order), so drift in machine speed hits all of them alike. Step 0 of each mode measures memory
+(``sac2.memory``) and is not timed (under ``--compile`` an untimed compile step comes first). After every step,
+each mode's loss and gradients are compared to the no-checkpointing run's: bit for bit (``torch.equal``) in eager,
+``torch.allclose`` under compile, where inductor may fuse a recomputed graph differently.
+
+The per-op curve times a chain of N tiny pointwise ops (N = 16 ... 4,096) as one checkpointed region under none,
+full AC, stock SAC and sac2 SAC with the same save list, single thread: the cost of one op against region length.
 """
 
 from __future__ import annotations
@@ -12,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import importlib
 import importlib.util
 import json
 import statistics
@@ -27,30 +36,20 @@ from torch import nn
 
 import sac2
 from sac2.memory import measure_step
-from sac2.models import CONFIGS, Transformer, random_tokens
-from sac2.policies import llm
+from sac2.models import CONFIGS, REGION_NAMES, RegionWrap, Transformer, random_tokens
+from sac2.policies import every_other_matmul, llm
+from sac2.policies.budget import memory_budget
 
-__all__ = ["SAC2_POLICIES", "Result", "run", "format_table", "main"]
+__all__ = ["Row", "Result", "rows", "run", "curve", "format_table", "main", "CURVE_LENGTHS", "COMPILE_BACKEND"]
 
 RunBlock = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
-
-def _call(*args: Any) -> Callable[..., Any]:
-    return lambda make, model, x: make(*args)
-
-
-def _budget(fraction: float) -> Callable[..., Any]:
-    return lambda make, model, x: make(model.blocks[0], (x,), fraction)
-
-
-#: The sac2 policies the bench runs besides the default, by row name: (module, function, how to call the function
-#: given the model and an example block input). A row whose module or function is absent is skipped with a note.
-SAC2_POLICIES: dict[str, tuple[str, str, Callable[[Callable[..., Any], nn.Module, torch.Tensor], Any]]] = {
-    "sac2 every_other_matmul": ("sac2.policies", "every_other_matmul", _call()),
-    "sac2 budget 0.3": ("sac2.policies.budget", "memory_budget", _budget(0.3)),
-    "sac2 budget 0.5": ("sac2.policies.budget", "memory_budget", _budget(0.5)),
-    "sac2 budget 0.7": ("sac2.policies.budget", "memory_budget", _budget(0.7)),
-}
+#: Region lengths (ops in forward) of the per-op curve.
+CURVE_LENGTHS = (16, 64, 256, 1024, 4096)
+#: The backend ``--compile`` uses unless ``--backend`` says otherwise: torch.compile's default.
+COMPILE_BACKEND = "inductor"
+#: Tolerances of the correctness check under compile (eager is bitwise).
+ATOL, RTOL = 1e-5, 1e-4
 
 
 def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -71,9 +70,74 @@ def _sac2(policy: Any) -> RunBlock:
     return lambda block, x: sac2.checkpoint(block, x, context_fn=context_fn)
 
 
+def _sac2_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    return sac2.region(fn, name=name)
+
+
+def _remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    """torch_remat's saved region around ``fn``; its outputs persist, since bare ops read them in recompute."""
+    import torch_remat as remat
+
+    saved = remat.region(fn, name, recompute=False)
+
+    def call(*args: Any) -> torch.Tensor:
+        out = saved(*args)
+        remat.recompute_needs_tensor(out)  # torch_remat's rule for an output a bare op (view, add) consumes
+        return out
+
+    return call
+
+
+def _remat(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    import torch_remat as remat
+
+    return remat.checkpoint(region_name="block")(block)(x)
+
+
+def remat_available() -> bool:
+    """Whether the optional peer ``torch_remat`` is installed (it needs torch 2.15)."""
+    return importlib.util.find_spec("torch_remat") is not None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One mode of the bench: its name, its policy in words, how it runs a block, and how the model wraps regions
+    (None: the default model)."""
+
+    name: str
+    policy: str
+    run_block: RunBlock
+    region: RegionWrap | None = None
+
+
+def rows(model: Transformer, example: torch.Tensor, compile: bool = False) -> list[Row]:
+    """Every mode the bench runs, no checkpointing first. Under ``compile``: none, full, stock, sac2, torch_remat."""
+    default = llm()
+    out = [
+        Row("none", "-", _no_checkpoint),
+        Row("full", "recompute all", _full),
+        Row("stock SAC", repr(default), _stock(default)),
+        Row("sac2 SAC", repr(default), _sac2(default)),
+    ]
+    if not compile:
+        every_other = every_other_matmul()
+        out.append(Row("sac2 every_other_matmul", repr(every_other), _sac2(every_other)))
+        for fraction in (0.3, 0.5, 0.7):
+            budget = memory_budget(model.blocks[0], (example,), fraction)
+            out.append(Row(f"sac2 budget {fraction}", repr(budget), _sac2(budget)))
+        regions = [sac2.Region(name) for name in REGION_NAMES]
+        attn = [r for r in regions if r.name.startswith("attn.")]
+        out.append(Row("sac2 regions", f"save {[r.name for r in regions]}", _sac2(regions), _sac2_region))
+        out.append(Row("sac2 regions attn", f"save {[r.name for r in attn]}", _sac2(attn), _sac2_region))
+    if remat_available():
+        out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, _remat_region))
+    return out
+
+
 @dataclass
 class Result:
-    """One row of the table: a mode's step times, memory and whether it matched no checkpointing."""
+    """One row of the table: a mode's step times, memory and whether it matched no checkpointing (``check`` says
+    how: "bitwise" or "allclose")."""
 
     name: str
     policy: str
@@ -81,30 +145,11 @@ class Result:
     kept_bytes: int = 0
     peak_bytes: int = 0
     equal: bool = True
+    check: str = "bitwise"
 
     @property
     def median_s(self) -> float:
         return statistics.median(self.step_s)
-
-
-def _modes(model: Transformer, x: torch.Tensor, notes: list[str]) -> list[tuple[str, str, RunBlock]]:
-    """(row name, policy description, how to run a block) for every mode, no checkpointing first."""
-    default = llm()
-    modes = [
-        ("none", "-", _no_checkpoint),
-        ("full", "recompute all", _full),
-        ("stock SAC", repr(default), _stock(default)),
-        ("sac2 SAC", repr(default), _sac2(default)),
-    ]
-    for name, (module, function, call) in SAC2_POLICIES.items():
-        try:
-            make = getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError) as e:
-            notes.append(f"skipped {name!r}: {e}")
-            continue
-        policy = call(make, model, x)
-        modes.append((name, repr(policy), _sac2(policy)))
-    return modes
 
 
 class _Progress:
@@ -123,14 +168,36 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _equal(model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor) -> bool:
-    if not torch.equal(loss, ref_loss):
+def _same(a: torch.Tensor, b: torch.Tensor, bitwise: bool) -> bool:
+    return torch.equal(a, b) if bitwise else torch.allclose(a, b, atol=ATOL, rtol=RTOL)
+
+
+def _equal(model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor, bitwise: bool) -> bool:
+    if not _same(loss, ref_loss, bitwise):
         return False
-    return all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), ref_model.parameters()))
+    return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters()))
 
 
-def run(config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 0) -> tuple[list[Result], list[str]]:
-    """Train ``config`` for 1 + ``steps`` steps under every mode; return the rows and notes on skipped modes."""
+def _model(base: Transformer, row: Row) -> Transformer:
+    """The row's own copy of ``base``: the same parameters, its calls wrapped in regions if the row says so."""
+    if row.region is None:
+        return copy.deepcopy(base)
+    model = Transformer(base.cfg, region=row.region).to(next(base.parameters()).device)
+    model.load_state_dict(base.state_dict())
+    return model
+
+
+def _forward(model: Transformer, row: Row, backend: str | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    forward = functools.partial(model, run_block=row.run_block)
+    return torch.compile(forward, backend=backend) if backend else forward
+
+
+def run(
+    config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 0, compile: bool = False,
+    backend: str = COMPILE_BACKEND,
+) -> tuple[list[Result], list[str]]:
+    """Train ``config`` for 1 + ``steps`` steps under every mode (each under ``torch.compile(backend=backend)`` if
+    ``compile``); return the rows and notes on the run."""
     cfg = CONFIGS[config]
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -143,19 +210,27 @@ def run(config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 
             "torch's own estimator-based greedy policy (torch.distributed._tools.sac_estimator) is not compared: "
             "in torch 2.13 its runtime estimates need CUDA"
         )
-    modes = _modes(base, example, notes)
-    models = [copy.deepcopy(base) for _ in modes]
+    if not remat_available():
+        notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
+    modes = rows(base, example, compile)
+    models = [_model(base, row) for row in modes]
+    forwards = [_forward(m, row, backend if compile else None) for m, row in zip(models, modes)]
     optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
-    results = [Result(name, policy) for name, policy, _ in modes]
+    check = "allclose" if compile else "bitwise"
+    results = [Result(row.name, row.policy, check=check) for row in modes]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
+        tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
+        for forward, model in zip(forwards, models):
+            forward(tokens, targets).backward()
+            model.zero_grad(set_to_none=True)
     progress = _Progress((steps + 1) * len(modes))
     for step in range(steps + 1):
         tokens, targets = random_tokens(cfg, gen, dev)
         losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)
         shift = step % len(modes)
         for i in [*range(shift, len(modes)), *range(shift)]:
-            model, run_block = models[i], modes[i][2]
-            forward = functools.partial(model, tokens, targets, run_block)
+            forward = functools.partial(forwards[i], tokens, targets)
             optims[i].zero_grad(set_to_none=True)
             if step == 0:
                 memory, losses[i] = measure_step(forward, dev)
@@ -170,18 +245,74 @@ def run(config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 
                 results[i].step_s.append(time.perf_counter() - start)
             progress.step()
         for i in range(1, len(modes)):
-            results[i].equal &= _equal(models[i], losses[i], models[0], losses[0])
+            results[i].equal &= _equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
         if step == 0:
             for opt in optims:
                 opt.step()
     return results, notes
 
 
+def _chain(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for i in range(n):
+            x = x.sin() if i % 2 == 0 else x.cos()
+        return x
+
+    return chain
+
+
+#: The curve's save list: every other op of the chain (its cos calls), for stock and sac2 alike.
+CURVE_SAVE_LIST = [torch.ops.aten.cos.default]
+
+
+def curve(lengths: Sequence[int] = CURVE_LENGTHS, repeat: int = 5) -> dict[str, Any]:
+    """Per-op forward+backward microseconds of an N-op pointwise chain as one region, per mode and length.
+
+    Single thread, this thread's CPU time, median of ``repeat`` samples taken in a rotating mode order; each
+    sample runs the region enough times for about 2,048 ops. ``equal`` says whether each mode's gradient was
+    bitwise the no-checkpointing one.
+    """
+    modes: dict[str, Callable[[Callable, torch.Tensor], torch.Tensor]] = {
+        "none": lambda fn, x: fn(x),
+        "full": lambda fn, x: tuc.checkpoint(fn, x, use_reentrant=False),
+        "stock SAC": _stock(CURVE_SAVE_LIST),
+        "sac2 SAC": _sac2(CURVE_SAVE_LIST),
+    }
+    names = list(modes)
+    us: dict[str, list[float]] = {name: [] for name in names}
+    equal: dict[str, list[bool]] = {name: [] for name in names}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for n in lengths:
+            chain, iters = _chain(n), max(1, 2048 // n)
+            x = torch.randn(16, generator=torch.Generator().manual_seed(n), requires_grad=True)
+            grads = {}
+            for name in names:  # warm up every path once, and keep its gradient
+                x.grad = None
+                modes[name](chain, x).sum().backward()
+                grads[name] = x.grad.clone()  # later samples accumulate into x.grad in place
+            samples: dict[str, list[float]] = {name: [] for name in names}
+            for r in range(repeat):
+                for name in names[r % len(names):] + names[: r % len(names)]:
+                    start = time.thread_time()
+                    for _ in range(iters):
+                        modes[name](chain, x).sum().backward()
+                    samples[name].append((time.thread_time() - start) / iters / n * 1e6)
+            for name in names:
+                us[name].append(statistics.median(samples[name]))
+                equal[name].append(torch.equal(grads[name], grads["none"]))
+    finally:
+        torch.set_num_threads(threads)
+    return {"ops": "alternating sin/cos on 16 floats", "policy": "save list [aten.cos.default]",
+            "lengths": list(lengths), "repeat": repeat, "us_per_op": us, "equal": equal}
+
+
 def format_table(results: Sequence[Result]) -> str:
     """The results as an aligned text table, ratios relative to the first row (no checkpointing)."""
     base = results[0].median_s
     header = ("mode", "step ms", "vs none", "kept MiB", "peak MiB", "equal", "policy")
-    rows = [
+    rows_ = [
         (
             r.name,
             f"{r.median_s * 1e3:.1f}",
@@ -193,17 +324,27 @@ def format_table(results: Sequence[Result]) -> str:
         )
         for r in results
     ]
-    widths = [max(len(row[c]) for row in (header, *rows)) for c in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (header, *rows))
+    widths = [max(len(row[c]) for row in (header, *rows_)) for c in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (header, *rows_))
 
 
-def _plot(results: Sequence[Result], path: str, title: str) -> None:
+def format_curve(data: dict[str, Any]) -> str:
+    """The per-op curve as a text table: one line per region length, us/op per mode."""
+    names = list(data["us_per_op"])
+    lines = [f"{'ops':>6}  " + "  ".join(f"{name:>10}" for name in names) + "  (us/op)"]
+    for i, n in enumerate(data["lengths"]):
+        cells = [f"{data['us_per_op'][name][i]:10.2f}" + ("" if data["equal"][name][i] else "!") for name in names]
+        lines.append(f"{n:>6}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def _plot(results: Sequence[Result], curve_data: dict[str, Any] | None, path: str, title: str) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(7, 5))  # no pyplot: the caller's matplotlib backend and figures stay untouched
+    fig = Figure(figsize=(13 if curve_data else 7, 5))  # no pyplot: the caller's backend and figures stay untouched
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = fig.add_subplot(1, 2 if curve_data else 1, 1)
     markers = "os^vD<>pP*Xh"
     for i, r in enumerate(results):  # a legend, not labels next to points: modes often land on top of each other
         ax.scatter(r.median_s * 1e3, r.kept_bytes / 2**20, label=r.name, marker=markers[i % len(markers)])
@@ -211,7 +352,20 @@ def _plot(results: Sequence[Result], path: str, title: str) -> None:
     ax.set_xlabel("median step time (ms)")
     ax.set_ylabel("activation memory kept for backward (MiB)")
     ax.set_title(title)
+    if curve_data:
+        cx = fig.add_subplot(1, 2, 2)
+        for i, (name, us) in enumerate(curve_data["us_per_op"].items()):
+            cx.plot(curve_data["lengths"], us, marker=markers[i % len(markers)], label=name)
+        cx.set_xscale("log", base=2)
+        cx.set_xlabel("ops in the checkpointed region")
+        cx.set_ylabel("us per op, forward+backward, 1 thread")
+        cx.set_title(f"per-op cost vs region length ({curve_data['policy']})")
+        cx.legend(fontsize="small")
     fig.savefig(path, bbox_inches="tight")
+
+
+def _lengths(text: str) -> list[int]:
+    return [int(n) for n in text.split(",") if n.strip()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,28 +373,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="small", help="model and batch shape")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per mode (after one memory step)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--compile", action="store_true",
+                        help="run none, full, stock, sac2 (and torch_remat) each under torch.compile")
+    parser.add_argument("--backend", default=COMPILE_BACKEND, help="torch.compile backend (default %(default)s)")
+    parser.add_argument("--curve", type=_lengths, default=list(CURVE_LENGTHS), metavar="N,N,...",
+                        help="region lengths of the per-op curve ('' skips it; default %(default)s)")
+    parser.add_argument("--curve-repeat", type=int, default=5, help="samples per point of the per-op curve")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--plot", metavar="FILE", help="also plot memory against step time (PNG, SVG, PDF)")
+    parser.add_argument("--plot", metavar="FILE", help="also plot memory against step time and the curve")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install 'sac2[plot]'")
-    results, notes = run(args.config, args.steps, args.device)
-    title = f"sac2 bench: config {args.config}, {args.device}, {args.steps} steps"
+    results, notes = run(args.config, args.steps, args.device, compile=args.compile, backend=args.backend)
+    mode = f"torch.compile (backend {args.backend})" if args.compile else "eager"
+    title = f"sac2 bench: config {args.config}, {args.device}, {mode}, {args.steps} steps"
     print(title)
     print(format_table(results))
+    check = ("torch.allclose(atol=%g, rtol=%g)" % (ATOL, RTOL)) if args.compile else "bitwise (torch.equal)"
+    print(f"equal: loss and every gradient vs none, {check}")
     print("memory: kept = allocated by forward and alive when backward starts; peak = forward+backward; "
           "both above the step's start (sac2.memory)")
+    curve_data = curve(args.curve, args.curve_repeat) if args.curve else None
+    if curve_data:
+        print(f"\nper-op cost vs region length, eager, {curve_data['policy']} ('!': gradient not bitwise equal)")
+        print(format_curve(curve_data))
     for note in notes:
         print(f"note: {note}")
     if args.json:
         base = results[0].median_s
-        rows = [{**asdict(r), "median_s": r.median_s, "ratio_to_none": r.median_s / base} for r in results]
+        rows_ = [{**asdict(r), "median_s": r.median_s, "ratio_to_none": r.median_s / base} for r in results]
         payload = {"config": {"name": args.config, **asdict(CONFIGS[args.config])}, "device": args.device,
-                   "steps": args.steps, "torch": torch.__version__, "modes": rows, "notes": notes}
+                   "steps": args.steps, "torch": torch.__version__, "compile": args.compile,
+                   "backend": args.backend if args.compile else None, "check": check, "modes": rows_,
+                   "curve": curve_data, "notes": notes}
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2)
     if args.plot:
-        _plot(results, args.plot, title)
+        _plot(results, curve_data, args.plot, title)
     return 0

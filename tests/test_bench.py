@@ -1,4 +1,5 @@
-"""``sac2 bench``: a very short run writes the table, the JSON and the plot; optional policies are discovered."""
+"""``sac2 bench``: a very short run writes the table, the JSON (with the per-op curve) and the plot; region-only
+rows and ``--compile`` keep the correctness column; the rows are plain code, built in one place."""
 
 import contextlib
 import io
@@ -10,7 +11,7 @@ from expecttest import TestCase
 
 from sac2 import bench
 from sac2.__main__ import main as cli_main
-from sac2.models import CONFIGS, Transformer
+from sac2.models import CONFIGS, REGION_NAMES, Transformer, random_tokens
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +20,7 @@ def short_run(tmp_path_factory):
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
         code = bench.main(["--config", "tiny", "--steps", "2", "--json", str(out / "out.json"),
-                           "--plot", str(out / "out.png")])
+                           "--plot", str(out / "out.png"), "--curve", "4,8", "--curve-repeat", "1"])
     return code, stdout.getvalue(), json.loads((out / "out.json").read_text()), out / "out.png"
 
 
@@ -69,17 +70,85 @@ class TestShortRun(TestCase):
         self.assertEqual(self.result[3].read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
 
 
-class TestPolicyDiscovery(TestCase):
-    def test_a_policy_whose_module_is_missing_is_skipped_with_a_note(self):
-        registry = {"sac2 missing": ("sac2.policies.not_there", "policy", lambda make, model, x: make())}
+    def test_region_only_rows_run_on_the_region_wrapped_model_and_match_bit_for_bit(self):
+        rows = {m["name"]: m for m in self.result[2]["modes"]}
+        self.assertEqual((rows["sac2 regions"]["equal"], rows["sac2 regions"]["check"]), (True, "bitwise"))
+        self.assertTrue(rows["sac2 regions attn"]["equal"])
+        self.assertLess(rows["sac2 regions attn"]["kept_bytes"], rows["sac2 regions"]["kept_bytes"])
+
+    def test_says_how_it_checked_correctness(self):
+        self.assertIn("equal: loss and every gradient vs none, bitwise (torch.equal)", self.result[1])
+        self.assertEqual(self.result[2]["check"], "bitwise (torch.equal)")
+
+    def test_json_holds_the_per_op_curve_of_every_mode(self):
+        data = self.result[2]["curve"]
+        self.assertEqual(data["lengths"], [4, 8])
+        self.assertEqual(list(data["us_per_op"]), ["none", "full", "stock SAC", "sac2 SAC"])
+        for name, us in data["us_per_op"].items():
+            self.assertEqual(len(us), 2, name)
+            self.assertTrue(all(u > 0 for u in us), name)
+        self.assertEqual(data["equal"], {name: [True, True] for name in data["us_per_op"]})
+
+    def test_prints_the_curve(self):
+        self.assertIn("per-op cost vs region length", self.result[1])
+
+
+class TestRows(TestCase):
+    def _rows(self, compile: bool) -> list[bench.Row]:
+        return bench.rows(Transformer(CONFIGS["tiny"]), torch.randn(2, 32, 64), compile)
+
+    def test_eager_rows_in_order(self):
+        names = [row.name for row in self._rows(False)]
+        expected = ["none", "full", "stock SAC", "sac2 SAC", "sac2 every_other_matmul", "sac2 budget 0.3",
+                    "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions", "sac2 regions attn"]
+        self.assertEqual(names, expected + (["torch_remat"] if bench.remat_available() else []))
+
+    def test_compiled_rows_are_the_four_modes_and_the_peer(self):
+        names = [row.name for row in self._rows(True)]
+        peer = ["torch_remat"] if bench.remat_available() else []
+        self.assertEqual(names, ["none", "full", "stock SAC", "sac2 SAC", *peer])
+
+    def test_region_rows_wrap_the_model_and_save_only_regions(self):
+        rows = {row.name: row for row in self._rows(False)}
+        self.assertIsNotNone(rows["sac2 regions"].region)
+        self.assertIsNone(rows["sac2 SAC"].region)
+        self.assertEqual(rows["sac2 regions"].policy, f"save {list(REGION_NAMES)}")
+
+
+class TestRegionModel(TestCase):
+    def test_default_model_calls_no_region(self):
+        self.assertTrue(all(block.calls is None for block in Transformer(CONFIGS["tiny"]).blocks))
+
+    def test_region_wrapped_model_has_the_same_parameters_and_loss(self):
+        cfg = CONFIGS["tiny"]
+        seen = []
+        torch.manual_seed(0)
+        plain = Transformer(cfg)
+        wrapped = Transformer(cfg, region=lambda fn, name: seen.append(name) or fn)
+        wrapped.load_state_dict(plain.state_dict())
+        tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
+        self.assertTrue(torch.equal(plain(tokens, targets), wrapped(tokens, targets)))
+        self.assertEqual(seen, list(REGION_NAMES) * cfg.n_layers)
+
+
+class TestCompile(TestCase):
+    def test_compiled_run_names_its_backend_and_checks_allclose(self):
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):  # aot_eager: the inductor run's graphs, without C++ codegen time
+            results, notes = bench.run("tiny", 1, compile=True, backend="aot_eager")
+        self.assertEqual([r.name for r in results][:4], ["none", "full", "stock SAC", "sac2 SAC"])
+        self.assertEqual({r.name: (r.equal, r.check) for r in results},
+                         {r.name: (True, "allclose") for r in results})
+        self.assertTrue(all(len(r.step_s) == 1 and r.kept_bytes > 0 for r in results))
+
+    def test_title_names_the_backend(self):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(bench, "SAC2_POLICIES", registry)
-            notes = []
-            modes = bench._modes(Transformer(CONFIGS["tiny"]), torch.zeros(1), notes)
-        self.assertEqual([name for name, _, _ in modes], ["none", "full", "stock SAC", "sac2 SAC"])
-        self.assertExpectedInline(
-            "\n".join(notes), """skipped 'sac2 missing': No module named 'sac2.policies.not_there'"""
-        )
+            mp.setattr(bench, "run", lambda *a, **k: ([bench.Result("none", "-", [1.0])], []))
+            stdout = io.StringIO()
+            with contextlib.redirect_stdout(stdout):
+                bench.main(["--config", "tiny", "--steps", "1", "--compile", "--curve", ""])
+        self.assertIn("torch.compile (backend inductor)", stdout.getvalue().splitlines()[0])
+        self.assertIn("torch.allclose", stdout.getvalue())
 
 
 class TestCommandLine(TestCase):
