@@ -1,7 +1,7 @@
 """GPU benchmark of eager CPU offload: activation memory saved and step-time cost against plain saving.
 
-Usage: ``python benchmarks/gpu_offload.py [--json FILE]`` on a CUDA machine (about a minute on an H200). A llama-style stack
-is checkpointed per block with three policies over the same ops (matmuls and attention kept, the rest
+Usage: ``python benchmarks/gpu_offload.py [--json FILE]`` on a CUDA machine (about a minute on an H200). A
+llama-style stack is checkpointed per block with three policies over the same ops (matmuls and attention kept, the rest
 recomputed): MUST_SAVE keeps them on the GPU, MUST_CPU_OFFLOAD moves them to pinned host memory, and full
 recompute keeps nothing. For each: GPU memory still allocated after forward (what forward keeps for backward,
 outputs included), peak of the step, and median step time. Gradients of the offload run are checked bit for

@@ -1,4 +1,5 @@
-"""benchmarks/overhead.py runs end to end and reports sac2's share of stock SAC's overhead."""
+"""benchmarks/overhead.py runs end to end and reports sac2's share of stock SAC's overhead, the do-nothing-mode
+floor beside it, and the per-op cost of a short and a long region."""
 
 import contextlib
 import importlib.util
@@ -22,6 +23,20 @@ def _run(*argv: str) -> str:
 
 
 class TestOverheadScript(TestCase):
-    def test_prints_the_ratio_for_each_workload_and_policy(self):
-        ratios = re.findall(r"ratio \(sac2 - full\)/\(stock - full\), (.+): -?\d+\.\d\d$", _run("--repeat", "1"), re.M)
-        self.assertEqual(ratios, ["save nothing", "save list", "save nothing", "save list"])
+    @classmethod
+    def setUpClass(cls):
+        cls.out = _run("--repeat", "1", "--lengths", "4,16")
+
+    def test_prints_the_ratio_and_the_floor_for_each_workload_and_policy(self):
+        pattern = (r"ratio \(sac2 - full\)/\(stock - full\), (.+): -?\d+\.\d\d   "
+                   r"floor \(do-nothing - full\)/\(stock - full\): -?\d+\.\d\d$")
+        self.assertEqual(re.findall(pattern, self.out, re.M), ["save nothing", "save list"] * 2)
+
+    def test_times_the_do_nothing_pair(self):
+        self.assertEqual(len(re.findall(r"^  floor \(2 do-nothing modes\) +\d+\.\d\d us/op$", self.out, re.M)), 2)
+
+    def test_prints_short_and_long_region_side_by_side_and_the_length_ratio(self):
+        row = r"^ +(\d+)" + r" +\d+\.\d\d" * 4 + "$"
+        self.assertEqual(re.findall(row, self.out, re.M), ["4", "16"])
+        ratio = r"length ratio sac2\(16\)/sac2\(4\): \d+\.\d\d \(target <= 1\.15; stock: \d+\.\d\d\)"
+        self.assertRegex(self.out, ratio)
