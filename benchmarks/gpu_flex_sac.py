@@ -1,18 +1,34 @@
-"""Compiled flex attention inside selective checkpointing: no AC, full AC, torch's SAC and sac2's SAC.
+"""Compiled flex attention inside selective checkpointing: no AC, full AC, torch's SAC (plain and torchtitan's
+setup), sac2's SAC and torch_remat.
 
 A small llama-style model with ``torch.compile(flex_attention)`` and a document-causal block mask trains a few
-steps per mode. Both SAC modes save mm and attention; torch's policy cannot see the compiled flex kernel, so it
-re-runs flex in backward, while sac2 runs flex in a named ``sac2.region`` that its policy saves. Per mode it
-prints the median step time, its ratio to no AC, peak memory, whether flex ran compiled (torch's unfused-path
-warning never appeared) and how many times per step flex ran again in backward.
+steps per mode. Every SAC mode saves mm and attention:
 
-    python benchmarks/gpu_flex_sac.py --json flex.json          # GPU, well under 4 minutes on one H200
+- ``torch_sac``: stock SAC, mm and the flex HOP in its save list. Its policy cannot see the compiled flex kernel,
+  so it re-runs flex in backward.
+- ``torchtitan_sac``: torchtitan's current stock setup, ``torch.compile(flex_attention,
+  options={"wrap_inductor_compiled_regions": True})`` with ``torch.ops.higher_order.inductor_compiled_code`` in
+  stock SAC's save list, so stock SAC sees the compiled kernel as one HOP call and can save it.
+- ``sac2_sac``: flex in a named ``sac2.region`` that sac2's policy saves.
+- ``torch_remat`` (only when torch_remat is installed): flex and the matmuls each in a
+  ``remat.region(..., recompute=False)``.
+
+Per mode it prints the median step time, its ratio to no AC, peak memory, whether flex ran compiled (torch's
+unfused-path warning never appeared) and how many times per step the flex kernel ran again in backward (the
+compiled callable's calls; for ``torchtitan_sac`` the ``inductor_compiled_code`` calls that stock SAC did not
+serve from its cache).
+
+    python benchmarks/gpu_flex_sac.py --json flex.json          # GPU, about 2 minutes on one H200
     python benchmarks/gpu_flex_sac.py --device cpu --smoke      # forward only, tiny: what the test suite runs
+
+The smoke run compiles flex with the ``eager`` backend (dynamo traces the frame, flex runs its dense path; no
+inductor options, so ``torchtitan_sac`` there is stock SAC with the HOP in its list but never met).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
@@ -27,12 +43,15 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 from torch.nn.attention import flex_attention as flex_module
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 
 __all__ = ["Config", "MODES", "run", "main"]
 
-MODES = ("no_ac", "full_ac", "torch_sac", "sac2_sac")
+HAS_REMAT = importlib.util.find_spec("torch_remat") is not None
+MODES = ("no_ac", "full_ac", "torch_sac", "torchtitan_sac", "sac2_sac", *(("torch_remat",) if HAS_REMAT else ()))
+_ICC = getattr(torch.ops.higher_order, "inductor_compiled_code", None)
 _UNFUSED_WARNING = "flex_attention_performance"  # torch's id for "flex_attention called without torch.compile()"
 
 
@@ -49,20 +68,41 @@ class Config:
     steps: int
 
 
-GPU = Config(dim=1024, n_layers=8, n_heads=16, seq_len=4096, batch=2, vocab=8192, n_docs=8, warmup=3, steps=10)
+GPU = Config(dim=1024, n_layers=8, n_heads=16, seq_len=4096, batch=2, vocab=8192, n_docs=8, warmup=2, steps=6)
 SMOKE = Config(dim=64, n_layers=2, n_heads=4, seq_len=128, batch=1, vocab=128, n_docs=3, warmup=0, steps=1)
 
 
 @cache
-def _compiled_flex(backend: str) -> Callable:
-    return torch.compile(flex_attention, backend=backend)  # one per process: every mode reuses its compilation
+def _compiled_flex(backend: str, wrapped: bool) -> Callable:
+    """One per process and kind: every mode reuses its compilation. ``wrapped``: torchtitan's option, which makes
+    the compiled code one ``inductor_compiled_code`` HOP call (inductor only)."""
+    if wrapped and backend == "inductor":
+        return torch.compile(flex_attention, options={"wrap_inductor_compiled_regions": True})
+    return torch.compile(flex_attention, backend=backend)
+
+
+class _CountCompiledCode(TorchDispatchMode):
+    """Counts the ``inductor_compiled_code`` calls that reach it: above a SAC mode, the ones it did not replay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _ICC:
+            self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+if _ICC is not None:  # a HOP reaches a Python mode only through a rule registered for that mode's type
+    _ICC.py_impl(_CountCompiledCode)(lambda mode, *args, **kwargs: mode.__torch_dispatch__(_ICC, [], args, kwargs))
 
 
 class Attend:
     """Compiled flex attention that counts its calls, so a run can tell how often backward re-ran it."""
 
-    def __init__(self, backend: str) -> None:
-        self.flex = _compiled_flex(backend)
+    def __init__(self, backend: str, wrapped: bool = False) -> None:
+        self.flex = _compiled_flex(backend, wrapped)
         self.calls = 0
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
@@ -73,9 +113,9 @@ class Attend:
 class Block(nn.Module):
     """Pre-norm attention (fused QKV, flex attention) and pre-norm SwiGLU MLP, each with a residual."""
 
-    def __init__(self, cfg: Config, attend: Callable) -> None:
+    def __init__(self, cfg: Config, attend: Callable, keep: Callable[[Callable, str], Callable] | None) -> None:
         super().__init__()
-        self.n_heads, self.attend = cfg.n_heads, attend
+        self.n_heads, self.attend, self.keep = cfg.n_heads, attend, keep or (lambda fn, name: fn)
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.o = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.up = nn.Linear(cfg.dim, 2 * 4 * cfg.dim, bias=False)
@@ -83,17 +123,18 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
         b, s, d = x.shape
-        q, k, v = self.qkv(F.rms_norm(x, (d,))).view(b, s, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
-        x = x + self.o(self.attend(q, k, v, block_mask).transpose(1, 2).reshape(b, s, d))
-        gate, up = self.up(F.rms_norm(x, (d,))).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        keep = self.keep  # the identity, or torch_remat's saved region around each matmul
+        q, k, v = keep(self.qkv, "qkv")(F.rms_norm(x, (d,))).view(b, s, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+        x = x + keep(self.o, "o")(self.attend(q, k, v, block_mask).transpose(1, 2).reshape(b, s, d))
+        gate, up = keep(self.up, "up")(F.rms_norm(x, (d,))).chunk(2, dim=-1)
+        return x + keep(self.down, "down")(F.silu(gate) * up)
 
 
 class Model(nn.Module):
-    def __init__(self, cfg: Config, attend: Callable, run_block: Callable) -> None:
+    def __init__(self, cfg: Config, attend: Callable, run_block: Callable, keep: Callable | None = None) -> None:
         super().__init__()
         self.embed = nn.Embedding(cfg.vocab, cfg.dim)
-        self.blocks = nn.ModuleList(Block(cfg, attend) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, attend, keep) for _ in range(cfg.n_layers))
         self.head = nn.Linear(cfg.dim, cfg.vocab, bias=False)
         self.run_block = run_block
 
@@ -124,10 +165,16 @@ def _block_runner(mode: str) -> Callable:
         return lambda block, x, mask: block(x, mask)
     if mode == "full_ac":
         return lambda block, x, mask: tuc.checkpoint(block, x, mask, use_reentrant=False)
-    if mode == "torch_sac":
+    if mode in ("torch_sac", "torchtitan_sac"):
         ops = [aten.mm.default, torch.ops.higher_order.flex_attention]
+        if mode == "torchtitan_sac" and _ICC is not None:
+            ops.append(_ICC)
         contexts = partial(tuc.create_selective_checkpoint_contexts, ops)
         return lambda block, x, mask: tuc.checkpoint(block, x, mask, use_reentrant=False, context_fn=contexts)
+    if mode == "torch_remat":
+        import torch_remat as remat
+
+        return lambda block, x, mask: remat.checkpoint(region_name="block")(block)(x, mask)
     ops = [aten.mm.default, torch.ops.higher_order.flex_attention, sac2.Region("attn")]
     contexts = partial(sac2.create_selective_checkpoint_contexts, ops)
     return lambda block, x, mask: sac2.checkpoint(block, x, mask, context_fn=contexts)
@@ -136,9 +183,14 @@ def _block_runner(mode: str) -> Callable:
 def run(mode: str, cfg: Config, device: torch.device, smoke: bool) -> dict[str, Any]:
     """Train ``cfg.warmup + cfg.steps`` steps under ``mode`` (forward only if ``smoke``) and measure them."""
     torch.manual_seed(0)
-    counter = Attend("eager" if smoke else "inductor")  # smoke: dynamo still compiles the frame, no codegen
-    attend = sac2.region(counter, name="attn") if mode == "sac2_sac" else counter
-    model = Model(cfg, attend, _block_runner(mode)).to(device)
+    # smoke: dynamo still compiles the frame, no codegen
+    counter = Attend("eager" if smoke else "inductor", wrapped=mode == "torchtitan_sac")
+    attend, keep = counter, None
+    if mode == "sac2_sac":
+        attend = sac2.region(counter, name="attn")
+    elif mode == "torch_remat":
+        attend, keep = _remat_keep(counter, "attn"), _remat_keep
+    model = Model(cfg, attend, _block_runner(mode), keep).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     mask = document_causal_mask(cfg, device)
     tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq_len + 1), device=device)
@@ -168,6 +220,12 @@ def run(mode: str, cfg: Config, device: torch.device, smoke: bool) -> dict[str, 
                 torch.cuda.synchronize(device)
             if step >= cfg.warmup:
                 times.append(time.perf_counter() - start)
+        if not smoke and mode == "torchtitan_sac" and _ICC is not None:  # one more step, untimed, counting HOPs
+            loss = F.cross_entropy(model(tokens[:, :-1], mask).flatten(0, 1).float(), tokens[:, 1:].flatten())
+            with _CountCompiledCode() as hops:
+                loss.backward()
+            opt.zero_grad(set_to_none=True)
+            reruns.append(hops.calls)
     unfused = any("flex_attention called without torch.compile" in str(w.message) for w in caught)
     return {
         "mode": mode,
@@ -178,14 +236,28 @@ def run(mode: str, cfg: Config, device: torch.device, smoke: bool) -> dict[str, 
     }
 
 
+def _remat_keep(fn: Callable, name: str) -> Callable:
+    """``fn`` in torch_remat's saved region; its output persists, as bare ops read it in recompute."""
+    import torch_remat as remat
+
+    saved = remat.region(fn, name, recompute=False)
+
+    def call(*args: Any) -> torch.Tensor:
+        out = saved(*args)
+        remat.recompute_needs_tensor(out)
+        return out
+
+    return call
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     base = rows[0]["step_ms"]
-    lines = [f"{'mode':<10} {'step ms':>9} {'x no AC':>8} {'peak GiB':>9} {'flex compiled':>14} {'flex re-runs':>13}"]
+    lines = [f"{'mode':<14} {'step ms':>9} {'x no AC':>8} {'peak GiB':>9} {'flex compiled':>14} {'flex re-runs':>13}"]
     for r in rows:
         mem = "-" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"
         rerun = "-" if r["flex_reruns_per_step"] is None else str(r["flex_reruns_per_step"])
         lines.append(
-            f"{r['mode']:<10} {r['step_ms']:>9.1f} {r['step_ms'] / base:>8.2f} {mem:>9} "
+            f"{r['mode']:<14} {r['step_ms']:>9.1f} {r['step_ms'] / base:>8.2f} {mem:>9} "
             f"{str(r['flex_compiled']):>14} {rerun:>13}"
         )
     return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""Every GPU benchmark's ``--smoke`` CPU path runs (tiny sizes, flex through its dense path) and writes its table
+to JSON, so the code the GPU run takes is exercised on CPU; the GPU runs themselves are benchmarks/gpu_all.sh."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"smoke_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flex_smoke_runs_every_mode_with_compiled_flex(tmp_path):
+    bench = _load("gpu_flex_sac")
+    bench.main(["--device", "cpu", "--smoke", "--json", str(tmp_path / "flex.json")])
+    rows = json.loads((tmp_path / "flex.json").read_text())["rows"]
+    assert [(r["mode"], r["flex_compiled"]) for r in rows] == [(mode, True) for mode in bench.MODES]
+    assert {"torchtitan_sac", "sac2_sac"} <= set(bench.MODES)
+
+
+def test_njt_smoke_runs_every_mode_eager_and_compiled_and_matches_no_ac(tmp_path):
+    bench = _load("gpu_njt")
+    bench.main(["--smoke", "--json", str(tmp_path / "njt.json")])
+    rows = json.loads((tmp_path / "njt.json").read_text())["rows"]
+    assert [(r["mode"], r["compiled"]) for r in rows] == [(name, c) for name, _, c in bench.MODES]
+    assert [(r["mode"], r["equal"], r["check"]) for r in rows if not r["equal"]] == []
+    assert {r["check"] for r in rows if r["compiled"]} == {"allclose"}
+    eager = {r["mode"]: r["attn_reruns_per_step"] for r in rows if not r["compiled"]}
+    assert eager["no_ac"] == 0
+
+
+def test_offload_without_a_gpu_says_so(capsys):
+    assert _load("gpu_offload").main([]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+def test_gpu_all_runs_every_part_with_its_own_limit():
+    script = (BENCHMARKS / "gpu_all.sh").read_text()
+    parts = [line.split()[1:3] for line in script.splitlines() if line.startswith("run ")]
+    assert [name for name, _ in parts] == ["bench", "flex", "njt", "offload"]
+    assert sum(int(limit) for _, limit in parts) < 360
