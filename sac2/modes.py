@@ -137,8 +137,16 @@ class CachingMode(SacMode):
         if kind == IGNORE:
             return op.call(*args, **kwargs)
         record = self.record
+        if kind == VIEW:  # never saved (re-running a view is free and right); the policy is still asked
+            out = op.call(*args, **kwargs)
+            if record.by_storage:
+                self._track_op(func, op, args, kwargs, out)
+            if self._save_ids is None:
+                self._decide(func, op, args, kwargs, out, len(self._log))
+            self._log.append(func)
+            return out
         rng = rng_before(op.random or kind >= HOP, args, kwargs)  # a HOP may draw random numbers inside
-        if kind <= VIEW:
+        if kind == PLAIN:
             before = None
             out = op.call(*args, **kwargs)
             key = func
@@ -159,7 +167,7 @@ class CachingMode(SacMode):
         else:
             policy = self._decide(func, op, args, kwargs, out, len(log))
             save, offload = policy in SAVING, policy in OFFLOADING
-        if save and kind != VIEW:
+        if save:
             entry = self._save(key, func, op, args, kwargs, out, before)
             if entry is not None:
                 entry.rng = rng_moved(rng)
