@@ -1,11 +1,18 @@
-"""Shared test set-up: deterministic single-threaded CPU runs, Triton's CPU interpreter, warnings reset."""
+"""Shared test set-up: deterministic single-threaded CPU runs, Triton's CPU interpreter, warnings reset, and
+``from helpers import ...`` working in every test file (this folder on ``sys.path``, whatever the import mode)."""
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before triton is imported anywhere
 
-import pytest
-import torch
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -1,0 +1,179 @@
+"""What several test files share: input makers, a llama-style block, op-run counters, the
+"exp into a buffer" autograd.Function factory and the docs' code-block extraction.
+
+Imported as ``from helpers import ...`` (tests/conftest.py puts this folder on ``sys.path``). Custom ops are
+registered here once per process, under the ``sac2_test_helpers`` namespace.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import sac2
+
+__all__ = [
+    "ROOT",
+    "randn",
+    "grads",
+    "contexts",
+    "Block",
+    "OpRuns",
+    "counted_op",
+    "exp_function",
+    "python_blocks",
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- inputs ----
+
+
+def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32, grad: bool = True) -> torch.Tensor:
+    """A seeded ``randn`` leaf (requiring grad unless ``grad=False``): the same numbers in every run."""
+    t = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    return t.requires_grad_(grad)
+
+
+def grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Gradients of ``out.sum()`` with respect to ``inputs``."""
+    return torch.autograd.grad(out.sum(), tuple(inputs))
+
+
+def contexts(policy: Any, **kwargs: Any) -> Callable[[], tuple[Any, Any]]:
+    """A ``context_fn`` giving sac2's (forward, recompute) modes for ``policy``, fresh for each forward."""
+    return lambda: sac2.create_selective_checkpoint_contexts(policy, **kwargs)
+
+
+# ---- a model ----
+
+
+class Block(nn.Module):
+    """A tiny llama-style block: RMSNorm, fused QKV, causal SDPA, SwiGLU MLP, residuals, optional dropout."""
+
+    def __init__(self, d: int = 32, heads: int = 4, p: float = 0.0) -> None:
+        super().__init__()
+        self.heads, self.p = heads, p
+        self.n1, self.n2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
+        self.down = nn.Linear(2 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.n1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + F.dropout(self.o(a), self.p)
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+# ---- what really ran ----
+
+
+class OpRuns(TorchDispatchMode):
+    """Counts each op (aten op or HOP) that reaches it, by op.
+
+    Entered around ``sac2.checkpoint`` and backward, it sits below sac2's modes: it sees every op sac2 runs (in
+    forward and in recompute) and none that sac2 serves from what it saved. Compiled code still compiles under
+    it, as under sac2's modes.
+    """
+
+    supports_higher_order_operators = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+        self.out_bytes: Counter = Counter()  # per op, the bytes of the storages its runs returned
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.counts[func] += 1
+        out = func(*args, **(kwargs or {}))
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(out)}
+        self.out_bytes[func] += sum(storages.values())
+        return out
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+
+_counts: Counter = Counter()
+
+
+@torch.library.custom_op("sac2_test_helpers::counted", mutates_args=())
+def _counted(x: torch.Tensor, name: str) -> torch.Tensor:
+    _counts[name] += 1
+    return x.clone()
+
+
+_counted.register_fake(lambda x, name: torch.empty_like(x))
+_counted.register_autograd(lambda ctx, grad: (grad, None))
+
+
+def counted_op(name: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], int]]:
+    """(an identity custom op that counts its runs under ``name``, a function returning that count so far).
+
+    Put it into the body of a region, a HOP or compiled code to see how often that body really runs; it is
+    an ordinary op for the policy (``torch.ops.sac2_test_helpers.counted.default``) where sac2 sees it.
+    """
+    return (lambda x: _counted(x, name)), (lambda: _counts[name])
+
+
+COUNTED = torch.ops.sac2_test_helpers.counted.default
+
+
+# ---- exp through a buffer ----
+
+
+def exp_function(compute: Callable[[torch.Tensor], torch.Tensor]) -> type[torch.autograd.Function]:
+    """exp as an autograd.Function computed by ``compute(x)`` (into a buffer, by a kernel, ...); its backward reads
+    that output, so a saved writer that lost what it wrote gives a wrong gradient."""
+
+    class Exp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            out = compute(x)
+            ctx.save_for_backward(out)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            (out,) = ctx.saved_tensors
+            return grad * out
+
+    return Exp
+
+
+def into_buffer(write: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``compute`` for ``exp_function``: ``write(x, out)`` fills an ``empty_like(x)`` buffer."""
+
+    def compute(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        write(x, out)
+        return out
+
+    return compute
+
+
+# ---- docs ----
+
+
+def python_blocks(doc: str | Path) -> list[str]:
+    """The ```python code blocks of a Markdown file (a path relative to the repository root), in order."""
+    return re.findall(r"```python\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
