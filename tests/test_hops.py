@@ -17,7 +17,8 @@ from torch._C import DispatchKey
 from torch._ops import HigherOrderOperator
 
 import sac2
-from sac2.record import Saved
+
+from helpers import OpRuns, contexts, counted_op, exp_function, grads, randn
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -32,35 +33,50 @@ hop = torch.ops.higher_order
 MODES = ["save", "recompute"]
 
 
-def _x(*shape: int, seed: int = 0) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).requires_grad_()
-
-
-def _grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    return torch.autograd.grad(out.sum(), inputs)
-
-
 def check_checkpointed(
-    fn: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...], op: Any, mode: str
+    fn: Callable[..., torch.Tensor],
+    inputs: tuple[torch.Tensor, ...],
+    op: Any,
+    mode: str,
+    runs: Callable[[], int] | None = None,
+    saved_bytes: int | None = None,
 ) -> list[Any]:
-    """Checkpoint ``fn`` saving ``op`` (or recomputing everything); assert outputs and gradients are bit-equal
-    to the plain run and that exactly ``op`` was saved. Returns the ops the policy saw."""
+    """Checkpoint ``fn`` saving ``op`` (or recomputing everything) and check what is observable: outputs and
+    gradients bit-equal to the plain run; ``op`` runs once in forward and, saved, never again in backward
+    (recomputed: once); saving it keeps exactly the bytes it returned (``saved_bytes`` where it returns none),
+    recomputing everything keeps nothing. Returns the ops the policy saw.
+
+    ``runs()`` counts ``op``'s executions so far; by default an ``OpRuns`` below sac2's modes counts them."""
     expected = fn(*inputs)
-    expected_grads = _grads(expected, inputs)
+    expected_grads = grads(expected, inputs)
     seen: list[Any] = []
+
+    def saves(func: Any, args: tuple) -> bool:
+        return mode == "save" and (func is op or sac2.region_of(func, args) == op)
 
     def policy(ctx, func, *args, **kwargs):
         seen.append(func)
-        return mode == "save" and (func is op or sac2.region_of(func, args) == op)
+        return saves(func, args)
 
-    caching, replay = sac2.create_selective_checkpoint_contexts(policy)
-    out = sac2.checkpoint(fn, *inputs, context_fn=lambda: (caching, replay))
-    saved = [e.key for e in caching.record.log if type(e) is Saved]  # backward releases what it served
-    grads = _grads(out, inputs)
+    start = runs() if runs is not None else 0
+    with OpRuns() as forward:
+        out = sac2.checkpoint(fn, *inputs, context_fn=contexts(policy))
+    middle = runs() if runs is not None else 0
+    with OpRuns() as backward:
+        got = grads(out, inputs)
+    end = runs() if runs is not None else 0
+    forward_runs, backward_runs = (
+        (middle - start, end - middle) if runs is not None else (forward.counts[op], backward.counts[op])
+    )
     assert torch.equal(out, expected)
-    for g, e in zip(grads, expected_grads):
+    for g, e in zip(got, expected_grads):
         assert torch.equal(g, e)
-    assert len(saved) == (mode == "save")
+    assert (forward_runs, backward_runs) == (1, 0 if mode == "save" else 1)
+    kept = sac2.activation_memory(fn, inputs, lambda ctx, func, *args, **kwargs: saves(func, args))
+    if mode == "save":
+        assert kept == (saved_bytes if saved_bytes is not None else forward.out_bytes[op]) > 0
+    else:
+        assert kept == 0
     return seen
 
 
@@ -88,7 +104,7 @@ def _document_causal_attention(fa):
     def attention(q, k, v):
         return fa.flex_attention(q.sin(), k, v, block_mask=block_mask).cos()
 
-    return attention, tuple(_x(1, 2, 16, 8, seed=s) for s in range(3))
+    return attention, tuple(randn(1, 2, 16, 8, seed=s) for s in range(3))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -105,9 +121,12 @@ def test_policy_sees_flex_attention_hop_as_op(eager_flex):
 
 def test_flex_attention_in_save_list_is_saved(eager_flex):
     attention, qkv = _document_causal_attention(eager_flex)
-    caching, replay = sac2.create_selective_checkpoint_contexts([hop.flex_attention])
-    sac2.checkpoint(attention, *qkv, context_fn=lambda: (caching, replay))
-    assert [e.key for e in caching.record.log if type(e) is Saved] == [hop.flex_attention]
+    with OpRuns() as forward:
+        out = sac2.checkpoint(attention, *qkv, context_fn=contexts([hop.flex_attention]))
+    with OpRuns() as backward:
+        grads(out, qkv)
+    assert (forward.counts[hop.flex_attention], backward.counts[hop.flex_attention]) == (1, 0)
+    assert sac2.activation_memory(attention, qkv, [hop.flex_attention]) == forward.out_bytes[hop.flex_attention]
 
 
 # ---- Triton kernels (TRITON_INTERPRET=1 runs them on CPU) ----
@@ -142,25 +161,6 @@ def _triton_exp(x: torch.Tensor, out: torch.Tensor) -> None:
     triton_kernel_wrapper_mutation(**_LAUNCH, kwargs={"x_ptr": x, "out_ptr": out, "n": x.numel()})
 
 
-def exp_function(compute: Callable[[torch.Tensor], torch.Tensor]) -> type[torch.autograd.Function]:
-    """exp as an autograd.Function computed by ``compute(x)``; backward reads that output, so a saved kernel that
-    lost what it wrote gives a wrong gradient."""
-
-    class Exp(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            out = compute(x)
-            ctx.save_for_backward(out)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad):
-            (out,) = ctx.saved_tensors
-            return grad * out
-
-    return Exp
-
-
 def _kernels_into_buffer(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """``n`` exp kernels into one ``empty_like`` buffer: into it from x, then in place (no version bump)."""
 
@@ -191,22 +191,27 @@ def triton_exp_chain(x):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_triton_kernel_wrapper_mutation_gradients_equal_uncheckpointed(mode):
-    check_checkpointed(triton_exp_chain, (_x(100),), triton_kernel_wrapper_mutation, mode)
+    x = randn(100)
+    # It returns nothing: saving it keeps what it wrote. Torch cannot analyse an interpreted kernel and takes
+    # both of its tensor arguments as written, so both buffers (x * 0.5 and the output) are kept.
+    check_checkpointed(triton_exp_chain, (x,), triton_kernel_wrapper_mutation, mode, saved_bytes=2 * x.nbytes)
 
 
 def test_saved_kernel_whose_buffer_a_later_kernel_rewrites_is_recomputed_with_one_warning():
-    x = _x(100)
+    x = randn(100)
     fn = lambda x: TritonExpTwice.apply(x * 0.1) * x  # noqa: E731
-    expected = _grads(fn(x), (x,))[0]
+    expected = grads(fn(x), (x,))[0]
     kernels = iter([True, False])  # save the first kernel, recompute the second
 
     def policy(ctx, op, *args, **kwargs):
         return op is triton_kernel_wrapper_mutation and next(kernels)
 
     with pytest.warns(UserWarning, match="saves triton_kernel_wrapper_mutation .* modified in place later") as caught:
-        out = sac2.checkpoint(fn, x, context_fn=lambda: sac2.create_selective_checkpoint_contexts(policy))
-        assert torch.equal(_grads(out, (x,))[0], expected)
+        out = sac2.checkpoint(fn, x, context_fn=contexts(policy))
+        with OpRuns() as backward:
+            assert torch.equal(grads(out, (x,))[0], expected)
     assert len([w for w in caught if str(w.message).startswith("sac2")]) == 1
+    assert backward.counts[triton_kernel_wrapper_mutation] == 2  # both kernels ran again
 
 
 @pytest.mark.xfail(
@@ -215,17 +220,17 @@ def test_saved_kernel_whose_buffer_a_later_kernel_rewrites_is_recomputed_with_on
     "the output buffer uninitialised, so the gradient is silently wrong",
 )
 def test_stock_sac_saving_triton_kernel_wrapper_mutation_gives_wrong_gradient():
-    x = _x(100)
-    expected = _grads(triton_exp_chain(x), (x,))[0]
+    x = randn(100)
+    expected = grads(triton_exp_chain(x), (x,))[0]
     context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, [triton_kernel_wrapper_mutation])
     out = tuc.checkpoint(triton_exp_chain, x, use_reentrant=False, context_fn=context_fn)
-    assert torch.equal(_grads(out, (x,))[0], expected)
+    assert torch.equal(grads(out, (x,))[0], expected)
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_triton_kernel_wrapper_functional_gradients_equal_uncheckpointed(mode):
     fn = lambda x: TritonExpFunctional.apply(x * 0.5) * x  # noqa: E731
-    check_checkpointed(fn, (_x(100),), triton_kernel_wrapper_functional, mode)
+    check_checkpointed(fn, (randn(100),), triton_kernel_wrapper_functional, mode)
 
 
 # ---- invoke_subgraph ----
@@ -249,7 +254,7 @@ class Subgraph(torch.autograd.Function):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_invoke_subgraph_gradients_equal_uncheckpointed(mode):
-    check_checkpointed(lambda x: Subgraph.apply(x.cos()).exp(), (_x(16),), invoke_subgraph, mode)
+    check_checkpointed(lambda x: Subgraph.apply(x.cos()).exp(), (randn(16),), invoke_subgraph, mode)
 
 
 # ---- a HOP sac2 has never heard of ----
@@ -296,7 +301,7 @@ def _apply_twice_autograd(fn, x):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_user_defined_hop_gradients_equal_uncheckpointed(mode):
-    seen = check_checkpointed(lambda x: apply_twice(torch.sin, x.cos()).exp(), (_x(16),), apply_twice, mode)
+    seen = check_checkpointed(lambda x: apply_twice(torch.sin, x.cos()).exp(), (randn(16),), apply_twice, mode)
     assert apply_twice in seen
 
 
@@ -307,29 +312,19 @@ def test_saved_hop_that_draws_random_numbers_keeps_later_random_ops_in_step():
         y = apply_twice(lambda t: t + torch.rand_like(t), x.cos())
         return y.sin() * torch.rand_like(y)
 
-    x = _x(16)
+    x = randn(16)
     torch.manual_seed(0)
-    (expected,) = _grads(fn(x), (x,))
+    (expected,) = grads(fn(x), (x,))
     context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [apply_twice])
     torch.manual_seed(0)
-    (grad,) = _grads(sac2.checkpoint(fn, x, context_fn=context_fn), (x,))
+    (grad,) = grads(sac2.checkpoint(fn, x, context_fn=context_fn), (x,))
     assert torch.equal(grad, expected)
 
 
 # ---- compiled regions (inductor_compiled_code) ----
 
-calls: dict[str, int] = {"attn": 0, "mlp": 0}
-
-
-@torch.library.custom_op("test_hops::counted", mutates_args=())
-def counted(x: torch.Tensor, region: str) -> torch.Tensor:
-    """Counts how often the compiled region it is called from really runs."""
-    calls[region] += 1
-    return x.clone()
-
-
-counted.register_fake(lambda x, region: torch.empty_like(x))
-counted.register_autograd(lambda ctx, grad: (grad, None))
+counted_attn, attn_runs = counted_op("test_hops.attn")
+counted_mlp, mlp_runs = counted_op("test_hops.mlp")
 
 
 @pytest.fixture(scope="module")
@@ -339,25 +334,27 @@ def compiled():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(inductor_config, "wrap_inductor_compiled_regions", True)
-        attn = torch.compile(lambda x: counted(x, "attn").sin() * 2, name="attn")
-        mlp = torch.compile(lambda x: counted(x, "mlp").tanh() + 1, name="mlp")
+        attn = torch.compile(lambda x: counted_attn(x).sin() * 2, name="attn")
+        mlp = torch.compile(lambda x: counted_mlp(x).tanh() + 1, name="mlp")
         fn = lambda x: mlp(attn(x.cos()).exp())  # noqa: E731
-        x = _x(8)
-        _grads(fn(x), (x,))  # compile outside the checkpointed runs
+        x = randn(8)
+        grads(fn(x), (x,))  # compile outside the checkpointed runs
         yield fn, x
     torch._dynamo.reset()
 
 
 @pytest.fixture
-def counts():
-    calls.update(attn=0, mlp=0)
-    return calls
+def counts() -> Callable[[], dict[str, int]]:
+    """How often each compiled region has really run since the test started."""
+    start = {"attn": attn_runs(), "mlp": mlp_runs()}
+    return lambda: {"attn": attn_runs() - start["attn"], "mlp": mlp_runs() - start["mlp"]}
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_compiled_region_gradients_equal_uncheckpointed(compiled, mode):
     fn, x = compiled
-    seen = check_checkpointed(fn, (x,), sac2.Region("attn"), mode)
+    # "attn"'s compiled forward returns its output and the one tensor its backward reads: saving keeps both
+    seen = check_checkpointed(fn, (x,), sac2.Region("attn"), mode, runs=attn_runs, saved_bytes=2 * x.nbytes)
     assert hop.inductor_compiled_code in seen
 
 
@@ -378,12 +375,12 @@ def test_policy_function_matches_compiled_region_by_name(compiled):
 def test_saved_region_in_save_list_does_not_run_in_backward(compiled, counts):
     fn, x = compiled
     context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("attn")])
-    _grads(sac2.checkpoint(fn, x, context_fn=context_fn), (x,))
-    assert counts == {"attn": 1, "mlp": 2}  # each compiled callable has its own key: only "attn" is served
+    grads(sac2.checkpoint(fn, x, context_fn=context_fn), (x,))
+    assert counts() == {"attn": 1, "mlp": 2}  # each compiled callable has its own key: only "attn" is served
 
 
 def test_recomputed_region_runs_again_in_backward(compiled, counts):
     fn, x = compiled
     context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [])
-    _grads(sac2.checkpoint(fn, x, context_fn=context_fn), (x,))
-    assert counts == {"attn": 2, "mlp": 2}
+    grads(sac2.checkpoint(fn, x, context_fn=context_fn), (x,))
+    assert counts() == {"attn": 2, "mlp": 2}
