@@ -16,31 +16,34 @@ from torch._C import DispatchKey
 from torch._ops import HigherOrderOperator
 
 import sac2
-from sac2.record import Saved
+
+from helpers import OpRuns, contexts, exp_function, grads, into_buffer, randn
 
 aten = torch.ops.aten
 
 
-def _x(n: int = 32) -> torch.Tensor:
-    return torch.randn(n, generator=torch.Generator().manual_seed(0)).requires_grad_()
+def checkpoint_and_compare(
+    fn: Callable[[torch.Tensor], torch.Tensor], policy: Any, ops: list[Any]
+) -> tuple[dict[Any, int], list[str]]:
+    """Checkpoint ``fn`` under ``policy``; assert output and gradient are bit-equal to the plain run and that each
+    of ``ops`` ran in forward.
 
-
-def checkpoint_and_compare(fn: Callable[[torch.Tensor], torch.Tensor], policy: Any) -> tuple[list[Any], list[str]]:
-    """Checkpoint ``fn`` under ``policy``; assert output and gradient are bit-equal to the plain run.
-
-    Returns the keys of the ops that stayed saved and the warnings raised."""
-    x = _x()
+    Returns how often each of ``ops`` ran again in backward (0: served from what forward saved) and the sac2
+    warnings raised."""
+    x = randn(32)
     expected = fn(x)
-    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
-    caching, replay = sac2.create_selective_checkpoint_contexts(policy)
+    (expected_grad,) = grads(expected, (x,))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = sac2.checkpoint(fn, x, context_fn=lambda: (caching, replay))
-        saved = [e.key for e in caching.record.log if type(e) is Saved]  # backward releases what it served
-        (grad,) = torch.autograd.grad(out.sum(), x)
+        with OpRuns() as forward:
+            out = sac2.checkpoint(fn, x, context_fn=contexts(policy))
+        with OpRuns() as backward:
+            (grad,) = grads(out, (x,))
     assert torch.equal(out, expected)
     assert torch.equal(grad, expected_grad)
-    return saved, [str(w.message) for w in caught if str(w.message).startswith("sac2")]
+    assert all(forward.counts[op] for op in ops), "an op under test did not run in forward"
+    warned = [str(w.message) for w in caught if str(w.message).startswith("sac2")]
+    return {op: backward.counts[op] for op in ops}, warned
 
 
 def inplace_chain(x):
@@ -51,42 +54,26 @@ def inplace_chain(x):
     return b.exp()
 
 
+INPLACE = [aten.add_.Tensor, aten.mul_.Tensor]
+
+
 def test_saved_inplace_ops_write_into_replayed_buffers():
-    saved, warned = checkpoint_and_compare(inplace_chain, [aten.add_.Tensor, aten.mul_.Tensor])
-    assert saved == [aten.add_.Tensor, aten.mul_.Tensor]
+    rerun, warned = checkpoint_and_compare(inplace_chain, INPLACE, INPLACE)
+    assert rerun == {aten.add_.Tensor: 0, aten.mul_.Tensor: 0}
     assert warned == []
 
 
 def test_save_all_with_inplace_ops_keeps_the_inplace_writes():
-    saved, _ = checkpoint_and_compare(inplace_chain, lambda ctx, op, *args, **kwargs: True)
-    assert aten.add_.Tensor in saved and aten.mul_.Tensor in saved
+    rerun, _ = checkpoint_and_compare(inplace_chain, lambda ctx, op, *args, **kwargs: True, INPLACE)
+    assert rerun == {aten.add_.Tensor: 0, aten.mul_.Tensor: 0}
 
 
-def exp_into_buffer(write: Callable[[torch.Tensor, torch.Tensor], None]) -> type[torch.autograd.Function]:
-    """exp as an autograd.Function whose forward has ``write(x, out)`` fill an ``empty_like`` buffer; its
-    backward reads that buffer, so a saved writer that lost its write would give a wrong gradient."""
-
-    class ExpIntoBuffer(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            out = torch.empty_like(x)
-            write(x, out)
-            ctx.save_for_backward(out)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad):
-            return grad * ctx.saved_tensors[0]
-
-    return ExpIntoBuffer
-
-
-OutExp = exp_into_buffer(lambda x, out: torch.exp(x, out=out))
+OutExp = exp_function(into_buffer(lambda x, out: torch.exp(x, out=out)))
 
 
 def test_saved_out_variant_writes_into_replayed_buffer():
-    saved, _ = checkpoint_and_compare(lambda x: OutExp.apply(x.cos()) * x, [aten.exp.out])
-    assert saved == [aten.exp.out]
+    rerun, _ = checkpoint_and_compare(lambda x: OutExp.apply(x.cos()) * x, [aten.exp.out], [aten.exp.out])
+    assert rerun == {aten.exp.out: 0}
 
 
 @torch.library.custom_op("test_mutation::exp_into", mutates_args=("out",))
@@ -94,13 +81,13 @@ def exp_into(x: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(x.exp())
 
 
-CustomExp = exp_into_buffer(exp_into)
+CustomExp = exp_function(into_buffer(exp_into))
 
 
 def test_saved_custom_op_with_mutates_args_writes_into_replayed_buffer():
     op = torch.ops.test_mutation.exp_into.default
-    saved, _ = checkpoint_and_compare(lambda x: CustomExp.apply(x.cos()) * x, [op])
-    assert saved == [op]
+    rerun, _ = checkpoint_and_compare(lambda x: CustomExp.apply(x.cos()) * x, [op], [op])
+    assert rerun == {op: 0}
 
 
 class WriteExp(HigherOrderOperator):
@@ -136,8 +123,8 @@ class HopExp(torch.autograd.Function):
 
 
 def test_saved_hop_writing_into_nested_argument_writes_into_replayed_buffer():
-    saved, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), True) * x, [write_exp])
-    assert saved == [write_exp]
+    rerun, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), True) * x, [write_exp], [write_exp])
+    assert rerun == {write_exp: 0}
     assert warned == []
 
 
@@ -149,17 +136,17 @@ class WarningsTest(TestCase):
             a.mul_(3)
             return a.exp()
 
-        saved, warned = checkpoint_and_compare(fn, [aten.add_.Tensor])
-        self.assertEqual(saved, [])
+        rerun, warned = checkpoint_and_compare(fn, [aten.add_.Tensor], [aten.add_.Tensor])
+        self.assertEqual(rerun, {aten.add_.Tensor: 1})
         self.assertExpectedInline(
             "\n".join(warned),
-            """sac2: the policy saves aten.add_.Tensor (call 0 of that op, op 1 of the region), but a tensor it wrote was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""",
+            """sac2: the policy saves aten.add_.Tensor (call 0 of that op, op 1 of the region), but a tensor it wrote was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""",  # noqa: E501
         )
 
     def test_saved_hop_writing_invisibly_is_recomputed_with_one_warning(self):
-        saved, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), False) * x, [write_exp])
-        self.assertEqual(saved, [])
+        rerun, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), False) * x, [write_exp], [write_exp])
+        self.assertEqual(rerun, {write_exp: 1})
         self.assertExpectedInline(
             "\n".join(warned),
-            """sac2: the policy saves test_mutation_write_exp, which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""",
+            """sac2: the policy saves test_mutation_write_exp, which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""",  # noqa: E501
         )
