@@ -18,23 +18,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 from sac2 import _compat
-from sac2.modes import CachingMode
-from sac2.record import Record
+
+from helpers import counted_op, randn
 
 DTYPE = torch.float64
 NO_FLAGS = (False, False, False)
-runs = {"fwd": 0, "bwd": 0}
-
-
-@torch.library.custom_op("sac2_test_compiled_region::triple", mutates_args=())
-def triple(x: torch.Tensor) -> torch.Tensor:
-    """Counts its executions: how a test sees whether a region ran again in backward."""
-    runs["fwd"] += 1
-    return x * 3
-
-
-triple.register_fake(lambda x: torch.empty_like(x))
-triple.register_autograd(lambda ctx, grad: grad * 3)
+#: An identity op that counts its executions: how a test sees whether a region ran again in backward.
+counted, counted_runs = counted_op("test_compiled_region")
 
 
 def _contexts(policy: Any) -> Callable:
@@ -46,14 +36,14 @@ def _recompute_all(ctx, op, *args, **kwargs) -> bool:
 
 
 def _x(n: int = 5) -> torch.Tensor:
-    return torch.randn(n, dtype=DTYPE, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    return randn(n, dtype=DTYPE)
 
 
 def _grad_and_backward_runs(fn: Callable, x: torch.Tensor, policy: Any) -> tuple[torch.Tensor, int]:
     out = sac2.checkpoint(fn, x, context_fn=_contexts(policy))
-    before = runs["fwd"]
+    before = counted_runs()
     grad = torch.autograd.grad(out, x)[0]
-    return grad, runs["fwd"] - before
+    return grad, counted_runs() - before
 
 
 class _Foreign(TorchDispatchMode):
@@ -77,7 +67,11 @@ class TestCompiledRegion(TestCase):
         self.assertEqual(seen, {"stack": [], "flags": NO_FLAGS})
 
     def test_sac2_sees_no_dispatch_of_the_body(self):
-        record = Record()
+        seen = []
+
+        def policy(ctx, op, *args, **kwargs):
+            seen.append(str(op))
+            return False
 
         def fn(x):
             y = x.sin()
@@ -85,8 +79,10 @@ class TestCompiledRegion(TestCase):
                 y = y.cos().exp().tanh()
             return y.sum()
 
-        sac2.checkpoint(fn, _x(), context_fn=lambda: (CachingMode(_recompute_all, record), torch.no_grad()))
-        self.assertEqual([str(op) for op in record.log], ["aten.sin.default", "aten.sum.default"])
+        x = _x()
+        grad = torch.autograd.grad(sac2.checkpoint(fn, x, context_fn=_contexts(policy)), x)[0]
+        self.assertEqual(seen, ["aten.sin.default", "aten.sum.default"])  # forward only: recompute asks nothing
+        self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))  # the body ran again in recompute
 
     def test_restores_stack_and_flags_on_exit(self):
         seen = {}
@@ -150,7 +146,7 @@ class TestCompiledRegion(TestCase):
             sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
         self.assertExpectedInline(
             str(err.exception),
-            """sac2.compiled_region: test_compiled_region._Foreign is on the dispatch-mode stack above sac2's modes; sac2 pops only its own modes, which must be innermost. Enter that mode outside the checkpointed function, or inside the region's body.""",  # noqa: B950
+            """sac2.compiled_region: test_compiled_region._Foreign is on the dispatch-mode stack above sac2's modes; sac2 pops only its own modes, which must be innermost. Enter that mode outside the checkpointed function, or inside the region's body.""",  # noqa: E501
         )
         self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([], NO_FLAGS))
 
@@ -188,18 +184,24 @@ class TestCompiledRegion(TestCase):
         a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
         seen = {}
 
+        def forward_a(x):
+            a_in.set()
+            b_in.wait(10)
+            return x.sin()
+
+        def forward_b(x):
+            b_in.set()
+            a_out.wait(10)
+            seen["b_inside"] = _compat.dispatch_flags()
+            return x.sin()
+
         def a():
-            with CachingMode(_recompute_all, Record()):
-                a_in.set()
-                b_in.wait(10)
+            sac2.checkpoint(forward_a, _x(), context_fn=_contexts(_recompute_all))
             a_out.set()
 
         def b():
             a_in.wait(10)
-            with CachingMode(_recompute_all, Record()):
-                b_in.set()
-                a_out.wait(10)
-                seen["b_inside"] = _compat.dispatch_flags()
+            sac2.checkpoint(forward_b, _x(), context_fn=_contexts(_recompute_all))
 
         threads = [threading.Thread(target=a), threading.Thread(target=b)]
         for t in threads:
@@ -244,7 +246,7 @@ def _plain(x: torch.Tensor) -> torch.Tensor:
 
 @sac2.region(name="attn")
 def _attn(x: torch.Tensor) -> torch.Tensor:
-    return triple(x).sin()
+    return counted(x).sin()
 
 
 def _block(x: torch.Tensor) -> torch.Tensor:
@@ -308,9 +310,9 @@ class TestRegion(TestCase):
         self.assertTrue(torch.equal(grad, self.ref))
 
     def test_outside_sac_a_region_just_calls_fn(self):
-        before = runs["fwd"]
-        self.assertTrue(torch.equal(_attn(self.x), triple(self.x).sin()))
-        self.assertEqual(runs["fwd"] - before, 2)
+        before = counted_runs()
+        self.assertTrue(torch.equal(_attn(self.x), counted(self.x).sin()))
+        self.assertEqual(counted_runs() - before, 2)
 
     def test_saved_region_keeps_later_random_ops_in_step(self):
         @sac2.region(name="noisy")
@@ -338,7 +340,7 @@ class TestRegion(TestCase):
             grad, backward_runs = _grad_and_backward_runs(fn, self.x, _saving_regions)
         self.assertExpectedInline(
             "\n".join(str(w.message) for w in caught),
-            """sac2: the policy saves region 'attn' (call 0 of that op, op 0 of the region), but a tensor it returned or wrote was modified in place after it ran, so the saved value is stale; sac2 runs the region again in backward instead. Have the policy recompute it to silence this warning.""",
+            """sac2: the policy saves region 'attn' (call 0 of that op, op 0 of the region), but a tensor it returned or wrote was modified in place after it ran, so the saved value is stale; sac2 runs the region again in backward instead. Have the policy recompute it to silence this warning.""",  # noqa: E501
         )
         self.assertEqual(backward_runs, 1)
         self.assertTrue(torch.equal(grad, ref))
@@ -361,5 +363,5 @@ class TestRegionWritingInvisibly(TestCase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             grad = torch.autograd.grad(sac2.checkpoint(fn, x, context_fn=context_fn), x)[0]
-        self.assertExpectedInline("\n".join(str(w.message) for w in caught), """sac2: the policy saves region 'write_exp', which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""")
+        self.assertExpectedInline("\n".join(str(w.message) for w in caught), """sac2: the policy saves region 'write_exp', which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""")  # noqa: E501
         self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))
