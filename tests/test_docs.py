@@ -3,18 +3,16 @@
 docs/migration.md has its own test (tests/test_docs_migration.py), which also checks its sections.
 """
 
-import re
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).parent.parent
+from helpers import python_blocks
+
 DOCS = ["README.md", "docs/concepts.md", "docs/compiled.md", "docs/hops.md", "docs/budgets.md"]
 
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_python_blocks_run(doc: str) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
+    blocks = python_blocks(doc)
     assert blocks, f"{doc} has no runnable example"
     namespace: dict = {"__name__": f"doc:{doc}"}
     for i, code in enumerate(blocks):

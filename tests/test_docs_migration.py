@@ -1,13 +1,8 @@
 """docs/migration.md's snippets run as written, in order, in one namespace."""
 
-import re
-from pathlib import Path
+from helpers import ROOT, python_blocks
 
-DOC = Path(__file__).parent.parent / "docs" / "migration.md"
-
-
-def _snippets() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+DOC = ROOT / "docs" / "migration.md"
 
 
 def test_every_section_has_a_snippet():
@@ -20,5 +15,5 @@ def test_every_section_has_a_snippet():
 
 def test_migration_snippets_run():
     namespace: dict = {}
-    for i, code in enumerate(_snippets()):
+    for i, code in enumerate(python_blocks(DOC)):
         exec(compile(code, f"{DOC.name}[snippet {i}]", "exec"), namespace)

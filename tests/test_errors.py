@@ -14,12 +14,13 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, is_in
 
 import sac2
 
+from helpers import randn
+
 aten = torch.ops.aten
 
 
 def _x() -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(3, 3, generator=g, dtype=torch.float64).requires_grad_()
+    return randn(3, 3, dtype=torch.float64)
 
 
 def _contexts(policy: Any, **kwargs: Any) -> Callable:
@@ -63,12 +64,12 @@ class TestPolicyValidation(TestCase):
     def test_op_overload_packet_in_list_names_the_default_overload(self) -> None:
         with self.assertRaises(ValueError) as cm:
             sac2.create_selective_checkpoint_contexts([aten.mm.default, aten.mm])
-        self.assertExpectedInline(str(cm.exception), """sac2: aten.mm in the save list is an OpOverloadPacket, which names every overload of the op; list the overload the op runs as, e.g. aten.mm.default.""")
+        self.assertExpectedInline(str(cm.exception), """sac2: aten.mm in the save list is an OpOverloadPacket, which names every overload of the op; list the overload the op runs as, e.g. aten.mm.default.""")  # noqa: E501
 
     def test_non_op_in_list(self) -> None:
         with self.assertRaises(ValueError) as cm:
             sac2.create_selective_checkpoint_contexts([aten.mm.default, "mm"])
-        self.assertExpectedInline(str(cm.exception), """sac2: 'mm' (type str) in the save list is not an op; list OpOverloads such as torch.ops.aten.mm.default, higher-order ops such as torch.ops.higher_order.flex_attention, or regions such as sac2.Region('attn').""")
+        self.assertExpectedInline(str(cm.exception), """sac2: 'mm' (type str) in the save list is not an op; list OpOverloads such as torch.ops.aten.mm.default, higher-order ops such as torch.ops.higher_order.flex_attention, or regions such as sac2.Region('attn').""")  # noqa: E501
 
     def test_non_callable_non_list_policy(self) -> None:
         with self.assertRaises(TypeError) as cm:
@@ -82,13 +83,13 @@ class TestPolicyValidation(TestCase):
         return str(cm.exception)
 
     def test_policy_returning_int_raises_in_forward(self) -> None:
-        self.assertExpectedInline(self._forward_error(1), """sac2: the policy returned 1 (type int) for aten.mm.default (call 0); a policy must return a CheckpointPolicy member or a bool (True saves).""")
+        self.assertExpectedInline(self._forward_error(1), """sac2: the policy returned 1 (type int) for aten.mm.default (call 0); a policy must return a CheckpointPolicy member or a bool (True saves).""")  # noqa: E501
 
     def test_policy_returning_str_raises_in_forward(self) -> None:
-        self.assertExpectedInline(self._forward_error("save"), """sac2: the policy returned 'save' (type str) for aten.mm.default (call 0); a policy must return a CheckpointPolicy member or a bool (True saves).""")
+        self.assertExpectedInline(self._forward_error("save"), """sac2: the policy returned 'save' (type str) for aten.mm.default (call 0); a policy must return a CheckpointPolicy member or a bool (True saves).""")  # noqa: E501
 
     def test_policy_returning_none_raises_in_forward(self) -> None:
-        self.assertExpectedInline(self._forward_error(None), """sac2: the policy returned None (type NoneType) for aten.mm.default (call 0); a policy must return a CheckpointPolicy member or a bool (True saves).""")
+        self.assertExpectedInline(self._forward_error(None), """sac2: the policy returned None (type NoneType) for aten.mm.default (call 0); a policy must return a CheckpointPolicy member or a bool (True saves).""")  # noqa: E501
 
 
 def test_bad_policy_value_error_survives_tensor_operators() -> None:
@@ -112,13 +113,13 @@ class TestRecomputeDivergence(TestCase):
         return str(cm.exception)
 
     def test_other_op(self) -> None:
-        self.assertExpectedInline(self._backward_error(_other_op_in_recompute), """sac2: recompute diverged from forward at op 0 of the region: forward ran aten.sin.default (call 0 of that op, op 0 of the region), recompute ran aten.cos.default. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")
+        self.assertExpectedInline(self._backward_error(_other_op_in_recompute), """sac2: recompute diverged from forward at op 0 of the region: forward ran aten.sin.default (call 0 of that op, op 0 of the region), recompute ran aten.cos.default. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")  # noqa: E501
 
     def test_extra_call(self) -> None:
-        self.assertExpectedInline(self._backward_error(_extra_call_in_recompute, early_stop=False), """sac2: recompute ran aten.mul.Tensor as op 2 of the region, but the forward ran only 2 ops. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")
+        self.assertExpectedInline(self._backward_error(_extra_call_in_recompute, early_stop=False), """sac2: recompute ran aten.mul.Tensor as op 2 of the region, but the forward ran only 2 ops. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")  # noqa: E501
 
     def test_missing_call(self) -> None:
-        self.assertExpectedInline(self._backward_error(_missing_call_in_recompute, early_stop=False), """sac2: recompute ended after 2 ops, but the forward ran 3; the first op missing is aten.mul.Tensor (call 0 of that op, op 2 of the region). The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")
+        self.assertExpectedInline(self._backward_error(_missing_call_in_recompute, early_stop=False), """sac2: recompute ended after 2 ops, but the forward ran 3; the first op missing is aten.mul.Tensor (call 0 of that op, op 2 of the region). The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).""")  # noqa: E501
 
 
 def _mm_sin(a: torch.Tensor) -> torch.Tensor:
@@ -131,7 +132,7 @@ class TestSecondBackward(TestCase):
         y.sum().backward()
         with self.assertRaises(RuntimeError) as cm:
             y.sum().backward()
-        self.assertExpectedInline(str(cm.exception), """Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if you need to access saved tensors after calling backward.""")
+        self.assertExpectedInline(str(cm.exception), """Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if you need to access saved tensors after calling backward.""")  # noqa: E501
 
     def test_with_retain_graph_accumulates_gradients(self) -> None:
         x_ref, x = _x(), _x()
@@ -163,7 +164,7 @@ class TestCachedTensorMutation(TestCase):
         with self.assertRaises(RuntimeError) as cm:
             self._backward_after_caller_mutates_output()
         _assert_no_mode_left()
-        self.assertExpectedInline(str(cm.exception), """sac2: the output of aten.mm.default (call 0 of that op, op 0 of the region) that selective checkpointing saved was modified in place after the checkpointed forward ended, so serving it would give wrong gradients. Don't modify the region's outputs in place, have the policy recompute this op, or pass allow_cache_entry_mutation=True to recompute it in backward.""")
+        self.assertExpectedInline(str(cm.exception), """sac2: the output of aten.mm.default (call 0 of that op, op 0 of the region) that selective checkpointing saved was modified in place after the checkpointed forward ended, so serving it would give wrong gradients. Don't modify the region's outputs in place, have the policy recompute this op, or pass allow_cache_entry_mutation=True to recompute it in backward.""")  # noqa: E501
 
     def test_mutated_after_forward_recomputed_when_allowed(self) -> None:
         x = _x()
@@ -186,7 +187,7 @@ class TestCachedTensorMutation(TestCase):
             for _ in range(2):
                 sac2.checkpoint(fn, x, context_fn=_contexts(_returning(True))).sum().backward()
         assert [w.category for w in caught] == [UserWarning]
-        self.assertExpectedInline(str(caught[0].message), """sac2: the policy saves aten.mul.Tensor (call 0 of that op, op 0 of the region), but a tensor it returned was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""")
+        self.assertExpectedInline(str(caught[0].message), """sac2: the policy saves aten.mul.Tensor (call 0 of that op, op 0 of the region), but a tensor it returned was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""")  # noqa: E501
         assert torch.equal(x.grad, 2 * x_ref.grad)
 
 

@@ -19,13 +19,14 @@ from torch.utils._pytree import tree_leaves
 
 import sac2
 
+from helpers import randn
+
 aten = torch.ops.aten
 DTYPE = torch.float64
 
 
 def _param(*shape: int, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g, dtype=DTYPE).requires_grad_()
+    return randn(*shape, seed=seed, dtype=DTYPE)
 
 
 # Parameters the functions close over, as a module's would be.
@@ -305,7 +306,9 @@ def test_saved_random_op_then_recomputed_random_op_gives_equal_gradients() -> No
     assert torch.equal(actual, expected)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="stock SAC serves a saved random op without advancing the generator")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="stock SAC serves a saved random op without advancing the generator"
+)
 def test_stock_sac_gives_wrong_gradient_after_saved_random_op() -> None:
     expected = _grad_of_two_random_ops(lambda f, x: f(x))
     context_fn = partial(tuc.create_selective_checkpoint_contexts, [aten.rand_like.default])
