@@ -4,21 +4,21 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 """
 
 from sac2 import policies
+from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.apply import apply_ac
 from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
 from sac2.compiled import compiled_region, region
-from sac2.report import Report, explain, plot_budgets
 from sac2.keys import Region, region_of
-from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.notices import forward_count
 from sac2.profile import activation_memory
+from sac2.report import Report, explain, plot_budgets
 from sac2.wrappers import (
     ActivationWrapper,
     CheckpointImpl,
     CheckpointWrapper,
+    OffloadWrapper,
     apply_activation_checkpointing,
     checkpoint_module,
-    OffloadWrapper,
     checkpoint_wrapper,
     offload_wrapper,
 )

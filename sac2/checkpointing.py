@@ -16,10 +16,11 @@ import torch
 import torch.utils.checkpoint as _tuc
 
 from sac2 import _compat
+from sac2.answers import as_policy
 from sac2.modes import CachingMode, ReplayMode
+from sac2.notices import count_forward
 from sac2.record import Record, Saved
 from sac2.regions import RegionForward, RegionReplay, region_only
-from sac2.answers import as_policy
 
 __all__ = ["checkpoint", "create_selective_checkpoint_contexts"]
 
@@ -169,6 +170,8 @@ def _run(
         options["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     if _OPTIONS & kwargs.keys():  # the decorator form passes them to the function, as torch's does
         function, kwargs = functools.partial(function, **kwargs), {}
+    if context_fn is _compat.noop_context_fn:
+        count_forward()  # full AC through sac2: counted, so a check that sac2 runs holds for it too
     if use_reentrant:
         if context_fn is not _compat.noop_context_fn:
             raise ValueError(

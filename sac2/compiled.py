@@ -19,8 +19,7 @@ from typing import Any, Callable, TypeVar, overload
 
 import torch
 
-from sac2 import _compat
-from sac2 import dispatch_flags, regions
+from sac2 import _compat, dispatch_flags, regions
 from sac2.keys import Region
 from sac2.modes import SacMode
 

@@ -19,16 +19,14 @@ from typing import Any, Callable
 
 import torch
 
-from sac2 import _compat, keys, writes
-from sac2 import dispatch_flags
+from sac2 import _compat, dispatch_flags, keys, writes
 from sac2 import offload as _offload
 from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, SaveList, decide, op_name
-from sac2.notices import _warned, count_forward, forward_count, warn_once  # noqa: F401
 from sac2.notices import DIVERGED as _DIVERGED
-from sac2.notices import diverged
+from sac2.notices import _warned, count_forward, diverged, forward_count, warn_once  # noqa: F401
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.record import Record, Saved, keep, rng_before, rng_moved, served
-from sac2.regions import record_region, replay_region
+from sac2.regions import pack_saved, record_region, replay_region
 
 __all__ = ["SacMode", "CachingMode", "ReplayMode", "forward_count", "warn_once"]
 
@@ -306,13 +304,9 @@ class CachingMode(SacMode):
             record.stop_tracking()
             if exc_type is None and not self._tracing:
                 self._drop_modified()
-                saved = [record.log[i] for i in record.saved_at]
-                _offload.to_host(e for e in saved if e.offload)
-                hooks = self.saved_tensors_hooks
-                if hooks is not None:
-                    for e in saved:
-                        if not e.offload:
-                            e.pack(hooks)
+                _offload.to_host(e for e in map(record.log.__getitem__, record.saved_at) if e.offload)
+                if self.saved_tensors_hooks is not None:
+                    pack_saved(record, self.saved_tensors_hooks)
         finally:
             super().__exit__(exc_type, exc, tb)
         error, self._policy_error = self._policy_error, None

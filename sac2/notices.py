@@ -52,7 +52,8 @@ def count_forward() -> None:
 
 
 def forward_count() -> int:
-    """How many checkpointed forwards sac2 has run (or traced for torch.compile) in this process.
+    """How many checkpointed forwards sac2 has run (or traced for torch.compile) in this process: forwards of its
+    selective contexts, and ``sac2.checkpoint`` calls without a ``context_fn`` (full AC).
 
     A check that sac2, not torch's SAC, is doing the work: read it before and after a step.
     """

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import flop_registry
 
 from sac2 import _compat, keys, writes
 from sac2._compat import TorchDispatchMode, tree_leaves
-from sac2.answers import CheckpointPolicy, ForwardContext, SelectiveCheckpointContext, as_policy, decide, op_name
+from sac2.answers import CheckpointPolicy, ForwardContext, as_policy, decide, op_name
 from sac2.checkpointing import checkpoint
 from sac2.modes import CachingMode, ReplayMode, SacMode
 from sac2.opinfo import IGNORE, info
@@ -250,7 +250,8 @@ def activation_memory(fn: Callable[..., Any], example_inputs: Sequence[Any], pol
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = checkpoint(fn, *inputs, use_reentrant=False, context_fn=context_fn)
+        # The hooks here only count what autograd saves outside sac2's record: sac2's own saves bypass them.
+        out = checkpoint(fn, *inputs, use_reentrant=False, context_fn=context_fn, respect_saved_tensors_hooks=False)
     kept = dict(outside)
     for record in records:
         for entry in record.log:

@@ -62,7 +62,9 @@ def record_region(
     return out
 
 
-def replay_region(record: Record, i: int, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+def replay_region(
+    record: Record, i: int, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict
+) -> Any:
     """The region call at position ``i`` of recompute: serve what forward saved, else run it."""
     from sac2 import offload
 
@@ -99,6 +101,13 @@ def replay_region(record: Record, i: int, key: Region, run: Callable, run_kept: 
     if entry.offload is not None:
         offload.release(entry)
     return result
+
+
+def pack_saved(record: Record, hooks: tuple[Callable, Callable]) -> None:
+    """Hand every saved entry that is not offloaded (ops and regions) to the user's saved-tensor hooks."""
+    for e in record.log:
+        if type(e) is Saved and not e.offload:
+            e.pack(hooks)
 
 
 def _unseen_writes(key: Any) -> str:
@@ -140,10 +149,17 @@ class RegionForward(_Context):
     def __init__(self, saves: frozenset, record: Record) -> None:
         super().__init__(record)
         self.saves = saves
+        #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
+        self.saved_tensors_hooks: tuple[Callable, Callable] | None = None
 
     def __enter__(self) -> RegionForward:
         count_forward()
         return super().__enter__()  # type: ignore[return-value]
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        super().__exit__(exc_type, *exc)
+        if exc_type is None and self.saved_tensors_hooks is not None:
+            pack_saved(self.record, self.saved_tensors_hooks)
 
     def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         return record_region(self.record, key, key in self.saves, False, run, run_kept, args, kwargs)

@@ -14,8 +14,8 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from sac2.policies.budget import solve_budget
 from sac2.answers import OFFLOADING, SaveList, as_policy, is_save
+from sac2.policies.budget import solve_budget
 from sac2.profile import Profile, profile
 
 __all__ = ["Row", "Report", "explain", "plot_budgets"]
@@ -76,7 +76,9 @@ class Report:
         _plot(self.curve, (self.kept_bytes, self.recompute_cost), self.cost_unit, path)
 
 
-def explain(fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], policy: Any, cost: str | None = None) -> Report:
+def explain(
+    fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], policy: Any, cost: str | None = None
+) -> Report:
     """Run ``fn_or_module(*example_inputs)`` once and report what ``policy`` keeps and recomputes per op.
 
     ``cost``: ``"time"`` (measured) or ``"flops"`` (estimated, deterministic); by default time unless the inputs

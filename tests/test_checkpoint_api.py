@@ -138,7 +138,7 @@ class TestReentrant(TestCase):
     def test_with_context_fn_raises(self) -> None:
         with self.assertRaises(ValueError) as cm:
             sac2.checkpoint(_neg_then_exp, _x(), use_reentrant=True, context_fn=_contexts([COUNTED]))
-        self.assertExpectedInline(str(cm.exception), """sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective policy; drop use_reentrant (sac2 defaults to False) to use context_fn.""")
+        self.assertExpectedInline(str(cm.exception), """sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective policy; drop use_reentrant (sac2 defaults to False) to use context_fn.""")  # noqa: E501
 
     def test_without_context_fn_gives_equal_gradients(self) -> None:
         expected = _grad(_plain, _neg_then_exp, _x())
@@ -342,7 +342,7 @@ class TestReentrantHooksFlag(TestCase):
     def test_respect_saved_tensors_hooks_with_use_reentrant_raises(self) -> None:
         with self.assertRaises(ValueError) as cm:
             sac2.checkpoint(_neg_then_exp, _x(), use_reentrant=True, respect_saved_tensors_hooks=True)
-        self.assertExpectedInline(str(cm.exception), """Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when use_reentrant=False.""")
+        self.assertExpectedInline(str(cm.exception), """Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when use_reentrant=False.""")  # noqa: E501
 
 
 def test_use_reentrant_forwards_preserve_rng_state_false() -> None:

@@ -177,7 +177,9 @@ def _squeeze(y):
     return y.unsqueeze(0).mul(1.0).squeeze_(0)
 
 
-@pytest.mark.parametrize("meta", [_t, _transpose, _unsqueeze, _squeeze], ids=["t_", "transpose_", "unsqueeze_", "squeeze_"])
+@pytest.mark.parametrize(
+    "meta", [_t, _transpose, _unsqueeze, _squeeze], ids=["t_", "transpose_", "unsqueeze_", "squeeze_"]
+)
 def test_saved_in_place_metadata_ops_replay_correctly(meta):
     def fn(a, b):
         y = (a @ b) * 1.5

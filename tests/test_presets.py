@@ -184,7 +184,7 @@ aten.addmm.default -> MUST_SAVE""")
         per_block = [log[:5], log[5:]]
         self.assertExpectedInline(
             str(per_block),
-            """[['MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE'], ['MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE']]""",
+            """[['MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE'], ['MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE', 'MUST_RECOMPUTE', 'MUST_SAVE']]""",  # noqa: E501
         )
 
 
@@ -207,7 +207,7 @@ aten.mm.default -> MUST_RECOMPUTE""")
             warnings.simplefilter("always")
             policy = policies.recompute_linears(_block(), ["router", "moe.gate"])
         self.assertExpectedInline("\n".join(str(w.message) for w in caught), """\
-sac2.policies.recompute_linears: no module of the model is named ['router', 'moe.gate'], so nothing is forced to recompute for them (torchtitan's default 'moe.router.gate' matches nothing in a dense model too).""")
+sac2.policies.recompute_linears: no module of the model is named ['router', 'moe.gate'], so nothing is forced to recompute for them (torchtitan's default 'moe.router.gate' matches nothing in a dense model too).""")  # noqa: E501
         self.assertEqual(_matmuls_and_saves(_run(policy, _block())), "-- forward 0")
 
     def test_rejects_a_name_matching_no_linear(self):

@@ -187,14 +187,14 @@ class TestApplyActivationCheckpointing(TestCase):
         names = self._compare(check_fn=lambda m: isinstance(m, nn.Linear))
         self.assertExpectedInline(
             str(names),
-            """['layers.0.up', 'layers.0.down', 'layers.1.up', 'layers.1.down', 'layers.2.up', 'layers.2.down', 'head']""",
+            """['layers.0.up', 'layers.0.down', 'layers.1.up', 'layers.1.down', 'layers.2.up', 'layers.2.down', 'head']""",  # noqa: E501
         )
 
     def test_wraps_nested_selections_children_first_and_never_the_root(self):
         names = self._compare(check_fn=lambda m: isinstance(m, (Model, Block, nn.LayerNorm)))
         self.assertExpectedInline(
             str(names),
-            """['layers.0', 'layers.0._checkpoint_wrapped_module.norm', 'layers.1', 'layers.1._checkpoint_wrapped_module.norm', 'layers.2', 'layers.2._checkpoint_wrapped_module.norm']""",
+            """['layers.0', 'layers.0._checkpoint_wrapped_module.norm', 'layers.1', 'layers.1._checkpoint_wrapped_module.norm', 'layers.2', 'layers.2._checkpoint_wrapped_module.norm']""",  # noqa: E501
         )
 
     def test_fsdp_auto_wrap_policies_select_what_they_select_in_torch(self):
@@ -270,7 +270,7 @@ class TestNestedCheckpoints(TestCase):
             torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False).sum().backward()
 
         self.assertExpectedInline("\n".join(self._warnings(lambda: [step(), step()])), """\
-sac2: this Block is checkpointed inside the forward of another checkpoint, so backward recomputes it twice. Checkpoint it once: drop the outer checkpoint (in transformers, model.gradient_checkpointing_disable()) or the sac2 wrapper.""")
+sac2: this Block is checkpointed inside the forward of another checkpoint, so backward recomputes it twice. Checkpoint it once: drop the outer checkpoint (in transformers, model.gradient_checkpointing_disable()) or the sac2 wrapper.""")  # noqa: E501
 
     def test_checkpoint_module_inside_a_checkpoint_wrapper_warns(self):
         outer = sac2.checkpoint_wrapper(nn.Sequential(sac2.checkpoint_module(Block()), nn.ReLU()))
@@ -285,7 +285,7 @@ sac2: this Block is checkpointed inside the forward of another checkpoint, so ba
         model = _model()
         model.layers[0].gradient_checkpointing = model.layers[2].gradient_checkpointing = True
         self.assertExpectedInline("\n".join(self._warnings(lambda: sac2.apply_ac(model))), """\
-sac2.apply_ac: ['layers.0', 'layers.2'] already run under transformers' gradient checkpointing (gradient_checkpointing = True), so wrapping them checkpoints them twice. Call model.gradient_checkpointing_disable() before sac2.apply_ac.""")
+sac2.apply_ac: ['layers.0', 'layers.2'] already run under transformers' gradient checkpointing (gradient_checkpointing = True), so wrapping them checkpoints them twice. Call model.gradient_checkpointing_disable() before sac2.apply_ac.""")  # noqa: E501
 
 
 @pytest.mark.parametrize("form", ["wrapper", "composable"])

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from sac2 import _compat, keys
-from sac2.knapsack import Solution, solve
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
+from sac2.knapsack import Solution, solve
 from sac2.profile import Profile, profile
 
 __all__ = ["MemoryBudget", "memory_budget"]

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from sac2 import _compat
-from sac2.keys import Region
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
+from sac2.keys import Region
 
 __all__ = [
     "llm_save_list",

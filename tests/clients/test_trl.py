@@ -59,12 +59,13 @@ def test_trl_selective_checkpointing_keeps_sac2_after_uninstall():
 
 
 def test_trl_helper_module_binding_is_rebound_by_install():
-    import trl.models.selective_activation_checkpointing as trl_sac
     import torch.utils.checkpoint as tuc
+    import trl.models.selective_activation_checkpointing as trl_sac
 
     (torch_fn,) = (tuc.create_selective_checkpoint_contexts,)  # a local: install() rebinds only module-level names
     assert trl_sac.create_selective_checkpoint_contexts is torch_fn
     with install() as handle:
         assert trl_sac.create_selective_checkpoint_contexts is not torch_fn
-        assert handle.verify()["trl.models.selective_activation_checkpointing.create_selective_checkpoint_contexts"] == "sac2"
+        name = "trl.models.selective_activation_checkpointing.create_selective_checkpoint_contexts"
+        assert handle.verify()[name] == "sac2"
     assert trl_sac.create_selective_checkpoint_contexts is torch_fn

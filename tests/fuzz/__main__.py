@@ -18,7 +18,7 @@ import time
 import torch
 
 from tests.fuzz.oracle import CaseResult, run_case
-from tests.fuzz.programs import Program, generate
+from tests.fuzz.programs import Program
 
 __all__ = ["main", "summarize", "shrink", "failure_class"]
 
@@ -89,8 +89,10 @@ def summarize(results: list[CaseResult], seconds: float) -> str:
         "| cases | valid | sac2 exact | sac2 clear error | sac2 silently wrong | sac2 unclear error | "
         "sac2 false divergence | stock exact | plain checkpoint wrong | failing | reported |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        f"| {len(results)} | {len(valid)} | {_pct(sac2['exact'], len(valid))} | {_pct(sac2['clear_error'], len(valid))} "
-        f"| {sac2['wrong']} | {sac2['unclear_error']} | {sac2['false_divergence']} | {_pct(stock['exact'], len(valid))} "
+        f"| {len(results)} | {len(valid)} | {_pct(sac2['exact'], len(valid))} "
+        f"| {_pct(sac2['clear_error'], len(valid))} "
+        f"| {sac2['wrong']} | {sac2['unclear_error']} | {sac2['false_divergence']} "
+        f"| {_pct(stock['exact'], len(valid))} "
         f"| {sum(r.plain != 'exact' for r in valid)} | {len(failing)} | {len(reported)} |",
         "",
         f"stock SAC: {stock['exact']} exact, {stock['wrong']} wrong, "
@@ -101,7 +103,11 @@ def summarize(results: list[CaseResult], seconds: float) -> str:
         classes: dict[str, list[CaseResult]] = collections.defaultdict(list)
         for r in failing:
             classes[failure_class(r)].append(r)
-        lines += ["", "| failure class | cases | % of valid | stock exact on them | smallest seed |", "| --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "| failure class | cases | % of valid | stock exact on them | smallest seed |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for name, rs in sorted(classes.items(), key=lambda kv: -len(kv[1])):
             small = min(rs, key=lambda r: len(r.program.function_source()))
             lines.append(
@@ -132,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         if args.verbose:
             print(result.program.source())
-            print(f"# -> {result.status}: sac2 {result.sac2}, stock {result.stock}, plain {result.plain}; {result.detail}\n")
+            print(
+                f"# -> {result.status}: sac2 {result.sac2}, stock {result.stock}, plain {result.plain}; "
+                f"{result.detail}\n"
+            )
     text = summarize(results, time.perf_counter() - start)
     print(text)
     if args.report:

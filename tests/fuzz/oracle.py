@@ -27,7 +27,7 @@ import torch.utils._python_dispatch as _pd
 import torch.utils.checkpoint as tuc
 
 import sac2
-from tests.fuzz.programs import Program, PolicySpec, generate, op_key
+from tests.fuzz.programs import PolicySpec, Program, generate, op_key
 
 __all__ = ["Outcome", "CaseResult", "run_variant", "run_case", "VARIANTS", "mode_state"]
 
@@ -60,8 +60,10 @@ class CaseResult:
 
     def line(self) -> str:
         """A one-line reproducer."""
-        return f"seed {self.seed}: sac2 {self.sac2} ({self.detail}); kinds {','.join(self.program.kinds)}; " \
-               f"reproduce: python -m tests.fuzz --only {self.seed} --verbose"
+        return (
+            f"seed {self.seed}: sac2 {self.sac2} ({self.detail}); kinds {','.join(self.program.kinds)}; "
+            f"reproduce: python -m tests.fuzz --only {self.seed} --verbose"
+        )
 
 
 def mode_state() -> str | None:
@@ -69,7 +71,11 @@ def mode_state() -> str | None:
     stack = _pd._get_current_dispatch_mode_stack()
     flags = [
         name
-        for name in ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode", "_is_in_any_mode_without_ignore_compile_internals")
+        for name in (
+            "_is_in_torch_dispatch_mode",
+            "_is_in_non_infra_torch_dispatch_mode",
+            "_is_in_any_mode_without_ignore_compile_internals",
+        )
         if getattr(_pd, name)
     ]
     if not stack and not flags:
@@ -81,7 +87,11 @@ def _reset_modes() -> None:
     """Clear what a broken run left, so that it does not poison the next case."""
     while _pd._get_current_dispatch_mode_stack():
         _pd._pop_mode()
-    for name in ("_is_in_torch_dispatch_mode", "_is_in_non_infra_torch_dispatch_mode", "_is_in_any_mode_without_ignore_compile_internals"):
+    for name in (
+        "_is_in_torch_dispatch_mode",
+        "_is_in_non_infra_torch_dispatch_mode",
+        "_is_in_any_mode_without_ignore_compile_internals",
+    ):
         setattr(_pd, name, False)
     torch.set_grad_enabled(True)
 
@@ -113,7 +123,10 @@ def _checkpointer(variant: str, program: Program) -> Callable[..., Any]:
         return lambda fn, *args: fn(*args)
     if variant == "sac2":
         return lambda fn, *args: sac2.checkpoint(
-            fn, *args, context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, spec.build()), preserve_rng_state=prs
+            fn,
+            *args,
+            context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, spec.build()),
+            preserve_rng_state=prs,
         )
     if variant == "stock":
         return lambda fn, *args: tuc.checkpoint(
@@ -137,7 +150,9 @@ def _backward(program: Program, outs: list[torch.Tensor], inputs: list[torch.Ten
         loss.backward()
         return [i.grad for i in inputs]
     if style == "split" and len(outs) > 1:
-        first = torch.autograd.grad(_loss(outs[: program.split]), inputs, retain_graph=program.retain_first, allow_unused=True)
+        first = torch.autograd.grad(
+            _loss(outs[: program.split]), inputs, retain_graph=program.retain_first, allow_unused=True
+        )
         return list(first) + list(torch.autograd.grad(_loss(outs[program.split :]), inputs, allow_unused=True))
     if style == "double":
         grads = torch.autograd.grad(_loss(outs), inputs, create_graph=True, allow_unused=True)
@@ -199,7 +214,11 @@ def diff(ref: Outcome, got: Outcome, rng: torch.Tensor) -> str | None:
             return f"{what}: {len(theirs)} tensors, expected {len(mine)}"
         for i, (a, b) in enumerate(zip(mine, theirs)):
             if not _same(a, b):
-                return f"{what}[{i}] differs" + ("" if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) else f" ({type(a).__name__} vs {type(b).__name__})")
+                return f"{what}[{i}] differs" + (
+                    ""
+                    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                    else f" ({type(a).__name__} vs {type(b).__name__})"
+                )
     if not torch.equal(rng, got.rng):
         return "generator state after the case differs"
     return None
@@ -269,4 +288,6 @@ def run_case(case: int | Program) -> CaseResult:
         status = "reported"
     else:
         status = "pass" if sac2_cat in ("exact", "clear_error") else "fail"
-    return CaseResult(program.seed, program, status, sac2_cat, stock_cat, plain_cat, detail.splitlines()[0][:300] if detail else "")
+    return CaseResult(
+        program.seed, program, status, sac2_cat, stock_cat, plain_cat, detail.splitlines()[0][:300] if detail else ""
+    )

@@ -36,7 +36,9 @@ def _scale(x: torch.Tensor, s: float) -> torch.Tensor:
 
 
 _scale.register_fake(lambda x, s: torch.empty_like(x))
-_scale.register_autograd(lambda ctx, grad: (grad * ctx.s, None), setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]))
+_scale.register_autograd(
+    lambda ctx, grad: (grad * ctx.s, None), setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1])
+)
 
 
 @torch.library.custom_op("sac2_fuzz::add_into_", mutates_args=("out",))
@@ -254,7 +256,7 @@ def _op_of(name: str) -> Any:
 
 def _op_source(name: str) -> str:
     if name.startswith("region "):
-        return f"sac2.Region({name[len('region '):]!r})"
+        return f"sac2.Region({name[len('region ') :]!r})"
     if "." not in name:
         return f"tests.fuzz.programs.{name}"
     return f"torch.ops.{name}"
@@ -344,8 +346,7 @@ class Program:
         return (
             f"# seed {self.seed}; inputs {inputs}\n"
             f"# policy = {self.policy.source()}\n"
-            f"# backward={self.backward}{split} preserve_rng_state={self.preserve_rng_state}\n"
-            + self.function_source()
+            f"# backward={self.backward}{split} preserve_rng_state={self.preserve_rng_state}\n" + self.function_source()
         )
 
 
@@ -371,7 +372,12 @@ class Gen:
         self._n += 1
         if view_of is None:
             self._groups += 1
-        v = Var(f"{self.prefix}{self._n}", tuple(shape), dtype or self.dtype, view_of.group if view_of else self._groups + 1000 * self.depth)
+        v = Var(
+            f"{self.prefix}{self._n}",
+            tuple(shape),
+            dtype or self.dtype,
+            view_of.group if view_of else self._groups + 1000 * self.depth,
+        )
         v.view = view_of is not None
         v.expanded = bool(view_of and view_of.expanded)
         self.vars.append(v)
@@ -421,7 +427,9 @@ def k_unary(g: Gen) -> list[str] | None:
     a = g.pick(_float)
     if a is None:
         return None
-    fn = g.rng.choice(["torch.sin", "torch.cos", "torch.exp", "torch.tanh", "torch.sigmoid", "F.gelu", "torch.relu", "torch.neg"])
+    fn = g.rng.choice(
+        ["torch.sin", "torch.cos", "torch.exp", "torch.tanh", "torch.sigmoid", "F.gelu", "torch.relu", "torch.neg"]
+    )
     out = g.new(a.shape, a.dtype)
     g.freeze(a, out) if fn != "torch.neg" else None
     return [f"{out.name} = {fn}({a.name})"]
@@ -468,7 +476,9 @@ def k_matmul(g: Gen) -> list[str] | None:
     a = g.pick(lambda v: _float(v) and 1 <= len(v.shape) <= 3)
     if a is None:
         return None
-    b = g.pick(lambda v: _float(v) and (v.dtype == a.dtype or g.autocast) and _matmul_shapes(a.shape, v.shape) is not None)
+    b = g.pick(
+        lambda v: _float(v) and (v.dtype == a.dtype or g.autocast) and _matmul_shapes(a.shape, v.shape) is not None
+    )
     if b is None:
         return None
     out = g.new(_matmul_shapes(a.shape, b.shape), _mm_dtype(g, a, b))
@@ -494,7 +504,9 @@ def k_reduce(g: Gen) -> list[str] | None:
     a = g.pick(lambda v: _float(v) and len(v.shape) >= 1)
     if a is None:
         return None
-    fn, keep = g.rng.choice([("sum", False), ("mean", False), ("amax", True), ("logsumexp", True), ("var", True), ("norm", True)])
+    fn, keep = g.rng.choice(
+        [("sum", False), ("mean", False), ("amax", True), ("logsumexp", True), ("var", True), ("norm", True)]
+    )
     if fn == "norm":
         out = g.new((), a.dtype)
         g.freeze(a, out)
@@ -544,7 +556,9 @@ def k_inplace(g: Gen) -> list[str] | None:
     a = g.pick(lambda v: _float(v) and g.writable(v))
     if a is None:
         return None
-    b = g.pick(lambda v: _float(v) and v.dtype == a.dtype and _broadcast(a.shape, v.shape) == a.shape and v.group != a.group)
+    b = g.pick(
+        lambda v: _float(v) and v.dtype == a.dtype and _broadcast(a.shape, v.shape) == a.shape and v.group != a.group
+    )
     forms = [f"{a.name}.mul_({g.rng.choice([0.5, 3.0])})", f"{a.name}.add_(1.0)", f"{a.name}.div_(2.0)"]
     if b is not None:
         forms += [f"{a.name}.add_({b.name})", f"{a.name}.sub_({b.name}, alpha=0.5)"]
@@ -570,7 +584,9 @@ def k_factory(g: Gen) -> list[str] | None:
         ]
     )
     out = g.new(a.shape, a.dtype)
-    write = g.rng.choice([f"{out.name}.add_({a.name})", f"{out.name}.copy_({a.name})", f"{out.name}.addcmul_({a.name}, {a.name})"])
+    write = g.rng.choice(
+        [f"{out.name}.add_({a.name})", f"{out.name}.copy_({a.name})", f"{out.name}.addcmul_({a.name}, {a.name})"]
+    )
     if "addcmul" in write:
         g.freeze(a)
     return [f"{out.name} = {make}", write]
@@ -584,7 +600,11 @@ def k_out(g: Gen) -> list[str] | None:
     o = g.new(a.shape, a.dtype)
     alloc = g.rng.choice([f"torch.empty(0, dtype={a.dtype})", f"torch.empty_like({a.name})"])
     fn = g.rng.choice(
-        [f"torch.mul({a.name}.detach(), 2.0, out={o.name})", f"torch.sin({a.name}.detach(), out={o.name})", f"torch.add({a.name}.detach(), {a.name}.detach(), out={o.name})"]
+        [
+            f"torch.mul({a.name}.detach(), 2.0, out={o.name})",
+            f"torch.sin({a.name}.detach(), out={o.name})",
+            f"torch.add({a.name}.detach(), {a.name}.detach(), out={o.name})",
+        ]
     )
     r = g.new(a.shape, a.dtype)
     g.freeze(a)
@@ -748,7 +768,9 @@ def k_no_grad(g: Gen) -> list[str] | None:
 
 
 def k_autocast(g: Gen) -> list[str] | None:
-    return _block(g, "with torch.autocast('cpu', dtype=torch.bfloat16):", "autocast", ["matmul", "linear", "unary", "binary"])
+    return _block(
+        g, "with torch.autocast('cpu', dtype=torch.bfloat16):", "autocast", ["matmul", "linear", "unary", "binary"]
+    )
 
 
 def k_nested(g: Gen) -> list[str] | None:
@@ -841,7 +863,15 @@ def _njt_program(seed: int, rng: random.Random, policy: PolicySpec) -> Program:
         kind = rng.choice(_NJT_KINDS)
         g.statements.append(_njt_step(g, kind))
         g.kinds.append(kind)
-    return Program(seed, inputs, g.statements, [g.vars[-1].name], policy, rng.choice(["grad", "backward", "no_grad"]), kinds=tuple(g.kinds) + ("njt",))
+    return Program(
+        seed,
+        inputs,
+        g.statements,
+        [g.vars[-1].name],
+        policy,
+        rng.choice(["grad", "backward", "no_grad"]),
+        kinds=tuple(g.kinds) + ("njt",),
+    )
 
 
 def generate(seed: int) -> Program:
@@ -854,7 +884,9 @@ def generate(seed: int) -> Program:
         dtype = torch.float64 if rng.random() < 0.75 else torch.float32
         g = Gen(rng, dtype)
         inputs = []
-        for i, shape in enumerate(rng.choice([[(D, D), (D, D)], [(D, D), (2, D, D), (D, D)], [(D,), (D, D)], [(2, D, D), (D,), (D, D)]])):
+        for i, shape in enumerate(
+            rng.choice([[(D, D), (D, D)], [(D, D), (2, D, D), (D, D)], [(D,), (D, D)], [(2, D, D), (D,), (D, D)]])
+        ):
             v = g.new(shape, dtype)
             v.name = f"x{i}"
             inputs.append(InputSpec(v.name, shape, dtype, requires_grad=rng.random() < 0.9))
@@ -873,9 +905,7 @@ def generate(seed: int) -> Program:
             made = [out.name]
         outputs = sorted(set([made[-1]] + rng.sample(made, min(len(made), rng.randint(0, 2)))), key=made.index)
         styles = [s for s in BACKWARDS if s != "double" or g.twice_ok]
-        program = Program(
-            seed, inputs, g.statements, outputs, policy, rng.choice(styles), kinds=tuple(g.kinds)
-        )
+        program = Program(seed, inputs, g.statements, outputs, policy, rng.choice(styles), kinds=tuple(g.kinds))
         program.split = rng.randint(1, max(1, len(outputs) - 1)) if len(outputs) > 1 else 1
         program.retain_first = rng.random() < 0.7
     program.preserve_rng_state = rng.random() < 0.85
