@@ -212,7 +212,7 @@ class CachingMode(SacMode):
             # The common case (a functional aten op with one output), kept short: it is on the per-op path.
             d = _detach(out)
             entry.out = d
-            entry.tensors.append(d)
+            entry.tensors = (d,)
         else:
             written = writes.writes_of(func, args, kwargs, out, before, op.writes)
             if written is None:

@@ -79,7 +79,7 @@ def to_host(entries: Iterable[Any]) -> None:
             entry.offload = Offloaded(tree_map(host, entry.out), [(p, host(t)) for p, t in entry.writes], device)
         # Between forward and recompute the record holds only host copies; prefetch puts device tensors back.
         entry.out, entry.writes = entry.offload.host_out, entry.offload.host_writes
-        entry.tensors, entry.versions = [], []  # a copy cannot be modified in place by anyone else
+        entry.tensors, entry.versions = (), ()  # a copy cannot be modified in place by anyone else
 
 
 def prefetch(entries: Iterable[Any]) -> None:

@@ -47,9 +47,11 @@ class Saved:
     def __init__(self, key: Any) -> None:
         self.key = key
         self.out: Any = None
-        self.tensors: list[Tensor] = []
-        self.versions: list[int] = []
-        self.writes: list[tuple[writes.Path, Tensor]] | None = []  # None: a region wrote where sac2 cannot see
+        # Tuples, not lists: a long region holds thousands of entries, and every container the garbage collector
+        # tracks makes its collections (which run during the forward) slower.
+        self.tensors: tuple[Tensor, ...] = ()
+        self.versions: tuple[int, ...] = ()
+        self.writes: tuple[tuple[writes.Path, Tensor], ...] | None = ()  # None: a region wrote where sac2 can't see
         self.rng: GeneratorState | None = None
         self.offload: Any = None  # True while a CPU_OFFLOAD entry's forward runs, then sac2.offload's state
         self.stale = False  # written into later in the forward: recompute instead
@@ -57,12 +59,12 @@ class Saved:
         self.packed: Any = None
 
     def record_versions(self) -> None:
-        self.versions = [t._version for t in self.tensors]
+        self.versions = tuple([t._version for t in self.tensors])
 
     def watch(self, alias: Tensor) -> None:
         """Also see in-place writes through ``alias``, which shares a storage but not a version counter."""
-        self.tensors.append(_detach(alias))
-        self.versions.append(alias._version)
+        self.tensors += (_detach(alias),)
+        self.versions += (alias._version,)
 
     def modified(self) -> bool:
         if self.stale:
@@ -97,8 +99,8 @@ class Saved:
 
         self.hooks = hooks
         self.packed = (tree_map(one, self.out), [(p, _Packed(pack_hook(t))) for p, t in self.writes])
-        self.out, self.writes = None, []
-        self.tensors, self.versions = [], []  # what the hooks hold is theirs: sac2 no longer watches it
+        self.out, self.writes = None, ()
+        self.tensors, self.versions = (), ()  # what the hooks hold is theirs: sac2 no longer watches it
 
     def unpack(self) -> None:
         """Put what the hooks kept back into the entry (the packed form stays, for another backward)."""
@@ -109,7 +111,7 @@ class Saved:
 
         out, written = self.packed
         self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
-        self.writes = [(p, one(t)) for p, t in written]
+        self.writes = tuple([(p, one(t)) for p, t in written])
 
 
 class _Packed:
@@ -125,7 +127,7 @@ class Record:
     """What one forward ran: per op, its key (recompute) or a ``Saved`` entry, in call order.
 
     ``saved_at`` lists the positions of saved op entries (regions are not in it); while the forward runs,
-    ``by_storage`` maps each storage a saved entry holds to the entries holding it.
+    ``by_storage`` maps each storage a saved entry holds to the entry holding it (a list when several do).
     """
 
     __slots__ = ("log", "saved_at", "by_storage")
@@ -133,7 +135,7 @@ class Record:
     def __init__(self) -> None:
         self.log: list[Any] = []
         self.saved_at: list[int] = []
-        self.by_storage: dict[int, list[Saved]] = {}
+        self.by_storage: dict[int, Saved | list[Saved]] = {}
 
     def key_at(self, i: int) -> Any:
         e = self.log[i]
@@ -153,7 +155,10 @@ class Record:
             if k is not None:
                 hit = by_storage.get(k)
                 if hit is None:
-                    by_storage[k] = [entry]
+                    by_storage[k] = entry
+                elif type(hit) is Saved:
+                    if hit is not entry:
+                        by_storage[k] = [hit, entry]
                 elif hit[-1] is not entry:
                     hit.append(entry)
 
@@ -162,13 +167,16 @@ class Record:
         by_storage = self.by_storage
         for t in tensors:
             hit = by_storage.get(_compat.storage_id(t))
-            if hit is not None:
+            if type(hit) is Saved:
+                hit.stale = True
+            elif hit is not None:
                 for entry in hit:
                     entry.stale = True
 
     def holders(self, t: Tensor) -> list[Saved]:
         """The saved entries holding ``t``'s storage."""
-        return self.by_storage.get(_compat.storage_id(t), [])
+        hit = self.by_storage.get(_compat.storage_id(t))
+        return [hit] if type(hit) is Saved else (hit or [])
 
     def stop_tracking(self) -> None:
         self.by_storage = {}
@@ -178,9 +186,10 @@ def keep(entry: Saved, out: Any, written: list[tuple[writes.Path, Tensor]]) -> N
     """Fill a saved entry: detached aliases of what the op wrote and of its outputs (written arguments among the
     outputs become ``_ArgRef``s, served as the replayed arguments)."""
     paths = {id(t): path for path, t in written}
-    entry.writes = [(path, _detach(t)) for path, t in written]
-    entry.out = _detached(out, paths, entry.tensors)
-    entry.tensors.extend(t for _, t in entry.writes)
+    entry.writes = tuple([(path, _detach(t)) for path, t in written])
+    tensors: list[Tensor] = []
+    entry.out = _detached(out, paths, tensors)
+    entry.tensors = (*tensors, *(t for _, t in entry.writes))
 
 
 def rng_before(info_random: bool, args: tuple, kwargs: dict) -> tuple[torch.Generator, Tensor] | None:
