@@ -5,6 +5,7 @@ Each name here says what sac2 needs, not how torch spells it today.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 from typing import Any, Callable
@@ -152,9 +153,12 @@ def dispatch_mode_stack() -> list:
     return _pd._get_current_dispatch_mode_stack()
 
 
+_NO_CONTEXT = contextlib.nullcontext()
+
+
 def no_modes() -> Any:
     """A context manager that takes every dispatch mode off this thread's stack for its body."""
-    return _pd._disable_current_modes()
+    return _pd._disable_current_modes() if _pd._len_torch_dispatch_stack() else _NO_CONTEXT
 
 
 def pop_mode() -> Any:

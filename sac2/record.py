@@ -201,12 +201,11 @@ def rng_before(info_random: bool, args: tuple, kwargs: dict) -> tuple[torch.Gene
 
 
 def rng_moved(before: tuple[torch.Generator, Tensor] | None) -> GeneratorState | None:
-    """(generator, before, after) if the call moved the generator, else None."""
+    """(generator, state before the call, state after it); serving compares, so an unmoved one costs no more."""
     if before is None:
         return None
     gen, state = before
-    after = gen.get_state()
-    return None if torch.equal(after, state) else (gen, state, after)
+    return gen, state, gen.get_state()
 
 
 def _device_of(args: tuple, kwargs: dict) -> torch.device:

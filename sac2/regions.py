@@ -47,7 +47,8 @@ def record_region(
     keep(entry, out, written or [])
     # Which outputs required grad: served ones must too, or recompute saves less than forward did.
     ids = {id(t) for _, t in written or []}
-    grads = tuple(t.requires_grad for t in _compat.tree_leaves(out) if isinstance(t, Tensor) and id(t) not in ids)
+    leaves = (out,) if type(out) is Tensor else _compat.tree_leaves(out)
+    grads = tuple(t.requires_grad for t in leaves if isinstance(t, Tensor) and id(t) not in ids)
     entry.out = (entry.out, grads)
     with _compat.no_modes():
         entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too

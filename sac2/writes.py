@@ -72,6 +72,8 @@ def _tensor_paths(args: tuple, kwargs: dict) -> list[tuple[Path, torch.Tensor]]:
 
 def tensor_versions(args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
     """Every tensor argument of a HOP call with its version, to see afterwards which ones the HOP wrote."""
+    if not kwargs and all(type(a) is torch.Tensor or not isinstance(a, (list, tuple, dict)) for a in args):
+        return [(t, t._version) for t in args if isinstance(t, torch.Tensor)]  # no containers: no tree walk
     return [(t, t._version) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
 
 
