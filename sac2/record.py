@@ -86,8 +86,8 @@ class Saved:
                 gen.set_state(after)
         for path, saved in self.writes:
             target = writes.locate(args, kwargs, path)
-            if target.shape != saved.shape:
-                target.resize_(saved.shape)  # an out= op resized its output: do as it did
+            if target.shape != saved.shape or target.stride() != saved.stride():
+                _resize_like(target, saved)  # an out= op resized its output: do as it did, layout included
             target.copy_(saved)
 
     def pack(self, hooks: tuple[Any, Any]) -> None:
@@ -112,6 +112,14 @@ class Saved:
         out, written = self.packed
         self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
         self.writes = tuple([(p, one(t)) for p, t in written])
+
+
+def _resize_like(target: Tensor, saved: Tensor) -> None:
+    """Give ``target`` the sizes and strides of ``saved``, as an ``out=`` op resizing an empty output does (it may
+    take its input's layout, e.g. a transposed one, which later ops such as matmul's reshape depend on)."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(saved.shape, saved.stride()) if n > 0) if saved.numel() else 0
+    target.resize_(extent)
+    target.as_strided_(saved.shape, saved.stride())
 
 
 class _Packed:

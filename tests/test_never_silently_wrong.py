@@ -374,3 +374,15 @@ def test_a_kv_cache_updated_inside_the_checkpoint_is_named_with_the_fix():
     out = sac2.checkpoint(layer, torch.randn(3, requires_grad=True), context_fn=_contexts([]))
     with pytest.raises(RuntimeError, match=r"forward ran aten\.lift_fresh.*KV cache.*use_cache=False"):
         out.backward()
+
+
+def test_saved_out_op_that_resizes_its_out_tensor_to_its_input_layout():
+    # sin(out=empty) on a transposed input gives the output the transposed strides; matmul then copies rather
+    # than views it, and recompute must see the same layout to run the same ops.
+    def fn(a, w):
+        t = (a + 0.5).transpose(0, 1)
+        out = torch.empty(0, dtype=a.dtype)
+        torch.sin(t.detach(), out=out)
+        return (t * out).sum() + (out @ w).sum()
+
+    _assert_same(fn, [torch.randn(2, 4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)], _save_all)
