@@ -23,12 +23,13 @@ from sac2 import _compat, dispatch_flags, keys, writes
 from sac2 import offload as _offload
 from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, SaveList, decide, op_name
 from sac2.notices import DIVERGED as _DIVERGED
-from sac2.notices import _warned, count_forward, diverged, forward_count, warn_once  # noqa: F401
+from sac2.notices import count_forward, diverged, overlapping_write, unseen_writes, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.record import Record, Saved, keep, rng_before, rng_moved, served
 from sac2.regions import pack_saved, record_region, replay_region
+from sac2.tracing import Tracer
 
-__all__ = ["SacMode", "CachingMode", "ReplayMode", "forward_count", "warn_once"]
+__all__ = ["SacMode", "CachingMode", "ReplayMode"]
 
 Tensor = torch.Tensor
 _detach = _compat.detach_keeping_version
@@ -86,12 +87,11 @@ class CachingMode(SacMode):
         self._ctx = ForwardContext()
         self._pending: list[Saved] = []  # entries whose versions are read at the next op (after autograd's bump)
         self._policy_error: TypeError | None = None
-        self._tracing = False
-        self._span: tuple[str, CheckpointPolicy] | None = None  # the traced-through region the last op was in
+        self._tracer: Tracer | None = None  # while torch.compile traces this forward
 
     def __enter__(self) -> CachingMode:
         count_forward()
-        self._tracing = _compat.tracing_for_compile()
+        self._tracer = Tracer(self) if _compat.tracing_for_compile() else None
         return super().__enter__()  # type: ignore[return-value]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -100,7 +100,7 @@ class CachingMode(SacMode):
         if self._pending:
             self._flush()
         op = TABLE.get(id(func)) or info(func)
-        if op.plain and not self._tracing:
+        if op.plain and self._tracer is None:
             # The common case, kept short: a functional op that draws nothing, has no side effect, writes nothing.
             out = op.call(*args, **kwargs)
             log = self._log
@@ -130,8 +130,8 @@ class CachingMode(SacMode):
         """Every other op: views, in-place and ``out=`` ops, random ops, HOPs, keyed ops, and all ops while
         tracing."""
         kind = op.kind
-        if self._tracing:
-            return self._trace(func, op, args, kwargs)
+        if self._tracer is not None:
+            return self._tracer.op(func, op, args, kwargs)
         if kind == IGNORE:
             return op.call(*args, **kwargs)
         record = self.record
@@ -188,18 +188,22 @@ class CachingMode(SacMode):
         elif op.writes:
             record.wrote([t for _, t in writes.expand(args, kwargs, op.writes)])
 
-    def _decide(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
-        """The policy's answer for one op call, as a ``CheckpointPolicy``; ordered side effects are saved unless
-        the policy demands recompute (they must not run twice)."""
+    def ask(self, key: Any, args: tuple, kwargs: dict, out: Any, call_index: int) -> CheckpointPolicy:
+        """The policy's answer about ``key`` (an op, or a ``Region`` with ``out`` None), as a decision."""
         ctx = self._ctx
         ctx.op_output = out
         try:
-            policy = decide(self.policy_fn(ctx, func, *args, **kwargs), func, call_index)
+            return decide(self.policy_fn(ctx, key, *args, **kwargs), key, call_index)
         except TypeError as error:
             # Tensor operators (``a * b``) turn a TypeError raised inside them into "unsupported operand
             # type(s)", so ``__exit__`` raises it again if it was lost.
             self._policy_error = error
             raise
+
+    def _decide(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
+        """The answer for one op call; ordered side effects are saved unless the policy demands recompute (they
+        must not run twice)."""
+        policy = self.ask(func, args, kwargs, out, call_index)
         if op.ordered and policy is not _MUST_RECOMPUTE:
             return CheckpointPolicy.MUST_SAVE
         return policy
@@ -216,11 +220,11 @@ class CachingMode(SacMode):
         else:
             written = writes.writes_of(func, args, kwargs, out, before, op.writes)
             if written is None:
-                warn_once("unseen-writes", key, _unseen_writes(key))
+                warn_once("unseen-writes", key, unseen_writes(key))
                 return None
             for _, t in written:
                 if _compat.has_internal_overlap(t):
-                    warn_once("overlap", key, _overlapping_write(key))
+                    warn_once("overlap", key, overlapping_write(key))
                     return None
             keep(entry, out, written)
         self.record.track(entry)
@@ -237,48 +241,6 @@ class CachingMode(SacMode):
         if self._pending:
             self._flush()  # versions read now let in-place writes in the unrecorded code show
 
-    def _trace(self, func: Any, op: OpInfo, args: tuple, kwargs: dict) -> Any:
-        """Under torch.compile tracing: record every op (recompute serves it) and tag the FX nodes with the
-        policy; the partitioner decides from the tags. Ignored ops are tagged PREFER_RECOMPUTE and not recorded.
-        The ops of a traced-through ``sac2.region`` all get the policy's answer for the region."""
-        log = self._log
-        key = keys.replay_key(func, args)
-        region = _compat.traced_region()
-
-        def policy_of(out: Any) -> CheckpointPolicy:
-            if op.kind == IGNORE:
-                return CheckpointPolicy.PREFER_RECOMPUTE
-            if region is None:
-                self._span = None
-                policy = self._decide(func, op, args, kwargs, out, len(log))
-            else:
-                policy = self._region_policy(region, len(log))
-            entry = Saved(key)
-            entry.out = _compat.tree_map(lambda x: _detach(x) if isinstance(x, Tensor) else x, out)
-            log.append(entry)
-            return policy
-
-        if self.ac_graph_id is None:  # traced without a graph to tag (fake propagation, AOT's metadata pass)
-            out = func(*args, **kwargs)
-            policy_of(out)
-            return out
-        return _compat.tag_traced_nodes(lambda: func(*args, **kwargs), self.ac_graph_id, policy_of)
-
-    def _region_policy(self, name: str, call_index: int) -> CheckpointPolicy:
-        """The policy's answer for a traced-through region, asked once per run of consecutive ops in it (the
-        region's arguments are not known there: the policy gets none)."""
-        if self._span is not None and self._span[0] == name:
-            return self._span[1]
-        key = keys.Region(name)
-        self._ctx.op_output = None
-        try:
-            policy = decide(self.policy_fn(self._ctx, key), key, call_index)
-        except TypeError as error:
-            self._policy_error = error
-            raise
-        self._span = (name, policy)
-        return policy
-
     def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         """A region is decided before it runs (``ctx.op_output`` is None); ``sac2.regions`` records it."""
         if self._pending:
@@ -286,12 +248,7 @@ class CachingMode(SacMode):
         if self._save_ops is not None:
             save, offload = key in self._save_ops, False
         else:
-            self._ctx.op_output = None
-            try:
-                policy = decide(self.policy_fn(self._ctx, key, *args, **kwargs), key, len(self._log))
-            except TypeError as error:
-                self._policy_error = error
-                raise
+            policy = self.ask(key, args, kwargs, None, len(self._log))
             save, offload = policy in SAVING, policy in OFFLOADING
         return record_region(self.record, key, save, offload, run, run_kept, args, kwargs)
 
@@ -302,8 +259,8 @@ class CachingMode(SacMode):
             if self._pending:
                 self._flush()
             record.stop_tracking()
-            if exc_type is None and not self._tracing:
-                self._drop_modified()
+            if exc_type is None and self._tracer is None:
+                record.drop_modified()
                 _offload.to_host(e for e in map(record.log.__getitem__, record.saved_at) if e.offload)
                 if self.saved_tensors_hooks is not None:
                     pack_saved(record, self.saved_tensors_hooks)
@@ -312,28 +269,6 @@ class CachingMode(SacMode):
         error, self._policy_error = self._policy_error, None
         if error is not None and exc is not error:
             raise error
-
-    def _drop_modified(self) -> None:
-        """Saved outputs that a later op of this forward wrote into are recomputed instead of served."""
-        record = self.record
-        kept = []
-        for i in record.saved_at:
-            entry = record.log[i]
-            if type(entry.key) is keys.Region:
-                kept.append(i)  # an offloaded region: ReplayMode.region checks it
-            elif entry.modified():
-                what = "wrote" if entry.writes else "returned"
-                warn_once(
-                    "modified-in-forward",
-                    entry.key,
-                    f"sac2: the policy saves {record.describe(i)}, but a tensor it {what} was modified in place "
-                    f"later in the forward, so the saved value is stale; sac2 recomputes this op in backward "
-                    f"instead. Have the policy recompute it to silence this warning.",
-                )
-                record.log[i] = entry.key
-            else:
-                kept.append(i)
-        record.saved_at = kept
 
 
 class ReplayMode(SacMode):
@@ -444,18 +379,3 @@ class ReplayMode(SacMode):
                 f"sac2: recompute ended after {cursor} ops, but the forward ran {n}; the first op missing is "
                 f"{self.record.describe(cursor)}. {_DIVERGED}"
             )
-
-
-def _unseen_writes(key: Any) -> str:
-    return (
-        f"sac2: the policy saves {op_name(key)}, which returns nothing yet takes tensors, so it can only have "
-        f"written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved."
-    )
-
-
-def _overlapping_write(key: Any) -> str:
-    return (
-        f"sac2: the policy saves {op_name(key)}, which wrote into a tensor whose elements overlap in memory (an "
-        f"expanded view), so what it wrote cannot be copied back; it is recomputed in backward instead of saved. "
-        f"Have the policy recompute it, or write into a contiguous tensor, to silence this warning."
-    )

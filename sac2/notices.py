@@ -7,7 +7,10 @@ from typing import Any
 
 from sac2.answers import op_name
 
-__all__ = ["warn_once", "DIVERGED", "diverged", "count_forward", "forward_count"]
+__all__ = [
+    "warn_once", "DIVERGED", "diverged", "unseen_writes", "overlapping_write", "stale_in_forward", "count_forward",
+    "forward_count",
+]
 
 _warned: set[tuple[str, str]] = set()
 _forwards = 0
@@ -36,6 +39,29 @@ def diverged(forward_op: Any) -> str:
             "model.config.use_cache = False) when training with checkpointing. " + DIVERGED
         )
     return DIVERGED
+
+
+def unseen_writes(key: Any) -> str:
+    return (
+        f"sac2: the policy saves {op_name(key)}, which returns nothing yet takes tensors, so it can only have "
+        f"written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved."
+    )
+
+
+def overlapping_write(key: Any) -> str:
+    return (
+        f"sac2: the policy saves {op_name(key)}, which wrote into a tensor whose elements overlap in memory (an "
+        f"expanded view), so what it wrote cannot be copied back; it is recomputed in backward instead of saved. "
+        f"Have the policy recompute it, or write into a contiguous tensor, to silence this warning."
+    )
+
+
+def stale_in_forward(position: str, wrote: bool) -> str:
+    return (
+        f"sac2: the policy saves {position}, but a tensor it {'wrote' if wrote else 'returned'} was modified in "
+        f"place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. "
+        f"Have the policy recompute it to silence this warning."
+    )
 
 
 def warn_once(kind: str, key: Any, message: str) -> None:

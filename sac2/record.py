@@ -20,6 +20,8 @@ import torch
 from sac2 import _compat, writes
 from sac2._compat import tree_map
 from sac2.answers import op_name
+from sac2.keys import Region
+from sac2.notices import stale_in_forward, warn_once
 
 __all__ = ["Saved", "Record", "keep", "served", "rng_before", "GeneratorState"]
 
@@ -188,6 +190,18 @@ class Record:
 
     def stop_tracking(self) -> None:
         self.by_storage = {}
+
+    def drop_modified(self) -> None:
+        """At the end of forward: saved outputs a later op wrote into are recomputed instead (warned once)."""
+        kept = []
+        for i in self.saved_at:
+            entry = self.log[i]
+            if type(entry.key) is not Region and entry.modified():  # regions: replay_region checks them
+                warn_once("modified-in-forward", entry.key, stale_in_forward(self.describe(i), bool(entry.writes)))
+                self.log[i] = entry.key
+            else:
+                kept.append(i)
+        self.saved_at = kept
 
 
 def keep(entry: Saved, out: Any, written: list[tuple[writes.Path, Tensor]]) -> None:

@@ -21,7 +21,7 @@ import torch
 from sac2 import _compat, writes
 from sac2.answers import SaveList
 from sac2.keys import Region
-from sac2.notices import DIVERGED, count_forward, warn_once
+from sac2.notices import DIVERGED, count_forward, unseen_writes, warn_once
 from sac2.record import Record, Saved, keep, rng_before, rng_moved, served, stored_leaves
 
 __all__ = ["record_region", "replay_region", "RegionForward", "RegionReplay", "region_only", "active"]
@@ -54,7 +54,7 @@ def record_region(
         entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
     entry.record_versions()
     if written is None:
-        warn_once("unseen-writes", key, _unseen_writes(key))
+        warn_once("unseen-writes", key, unseen_writes(key))
         entry.writes = None  # what it wrote is unknown: replay runs it again instead of serving
     elif offload:
         entry.offload = True
@@ -109,13 +109,6 @@ def pack_saved(record: Record, hooks: tuple[Callable, Callable]) -> None:
     for e in record.log:
         if type(e) is Saved and not e.offload:
             e.pack(hooks)
-
-
-def _unseen_writes(key: Any) -> str:
-    return (
-        f"sac2: the policy saves region {key.name!r}, which returns nothing yet takes tensors, so it can only have "
-        f"written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved."
-    )
 
 
 _local = threading.local()

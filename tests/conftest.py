@@ -20,8 +20,8 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _fresh_sac2_warnings():
     """sac2 warns once per op per process; each test sees its own warnings."""
-    from sac2 import modes
+    from sac2 import notices
 
-    modes._warned.clear()
+    notices._warned.clear()
     yield
-    modes._warned.clear()
+    notices._warned.clear()
