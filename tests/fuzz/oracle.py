@@ -7,7 +7,9 @@ after backward and the global generator's state, and whether it left a dispatch 
 mode" flags behind. Comparisons are bitwise (NaN equals NaN at the same place).
 
 A case *passes* when sac2 is exact or fails with an error naming the op; it is *reported*, not failed, when
-torch's plain checkpoint is itself wrong or fails; stock SAC is recorded beside sac2, never judged.
+torch's plain checkpoint is itself wrong or fails, or when sac2 is wrong and so is the un-checkpointed program run
+under a do-nothing dispatch mode (torch computing differently under any mode, e.g. matmul decomposing another
+way: every mode-based SAC inherits that); stock SAC is recorded beside sac2, never judged.
 The generator after the case is compared with the oracle's too: with ``preserve_rng_state=False`` a recompute that
 re-runs a random op draws from the live generator, so plain checkpoint is wrong there (reported), while sac2,
 serving saved random ops without touching the generator, can still be exact.
@@ -25,13 +27,14 @@ from typing import Any, Callable
 import torch
 import torch.utils._python_dispatch as _pd
 import torch.utils.checkpoint as tuc
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 from tests.fuzz.programs import PolicySpec, Program, generate, op_key
 
 __all__ = ["Outcome", "CaseResult", "run_variant", "run_case", "VARIANTS", "mode_state"]
 
-VARIANTS = ("oracle", "sac2", "stock", "plain")
+VARIANTS = ("oracle", "sac2", "stock", "plain", "mode")
 _DIVERGED = re.compile(r"recompute diverged|recompute ran")
 _NAMES_AN_OP = re.compile(r"\b(aten|prims?|sac2_fuzz)\.\w+|region '|sac2_fuzz_apply_twice")
 
@@ -116,11 +119,23 @@ def _loss(outs: list[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+class _DoNothing(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def _under_do_nothing_mode(fn: Callable[..., Any], *args: Any) -> Any:
+    with _DoNothing():
+        return fn(*args)
+
+
 def _checkpointer(variant: str, program: Program) -> Callable[..., Any]:
     prs = program.preserve_rng_state
     spec = program.policy
     if variant == "oracle":
         return lambda fn, *args: fn(*args)
+    if variant == "mode":  # no checkpoint, under a dispatch mode that does nothing
+        return lambda fn, *args: _under_do_nothing_mode(fn, *args)
     if variant == "sac2":
         return lambda fn, *args: sac2.checkpoint(
             fn,
@@ -288,6 +303,10 @@ def run_case(case: int | Program) -> CaseResult:
         status = "reported"
     else:
         status = "pass" if sac2_cat in ("exact", "clear_error") else "fail"
+        if status == "fail" and sac2_cat == "wrong" and diff(first, run_variant(program, "mode"), expected_rng):
+            # torch itself computes differently under any dispatch mode (e.g. matmul decomposes another way):
+            # every mode-based SAC, stock's too, inherits it. Reported, as plain checkpoint's own errors are.
+            status, plain_cat = "reported", "differs under any dispatch mode"
     return CaseResult(
         program.seed, program, status, sac2_cat, stock_cat, plain_cat, detail.splitlines()[0][:300] if detail else ""
     )
