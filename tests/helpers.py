@@ -138,6 +138,21 @@ def counted_op(name: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], Calla
 COUNTED = torch.ops.sac2_test_helpers.counted.default
 
 
+def scaling_op(qualname: str, runs: dict[str, int], scale: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A custom op ``qualname`` computing ``x * scale`` that counts its runs in ``runs[its name]``: a distinct op
+    a policy can save or recompute, whose count shows what ran again (in eager and in compiled code alike)."""
+    name = qualname.split("::")[1]
+
+    @torch.library.custom_op(qualname, mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        runs[name] += 1
+        return x * scale
+
+    op.register_fake(lambda x: torch.empty_like(x))
+    op.register_autograd(lambda ctx, grad: grad * scale)
+    return op
+
+
 # ---- exp through a buffer ----
 
 

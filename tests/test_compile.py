@@ -18,22 +18,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 
+from helpers import scaling_op
+
 DTYPE = torch.float64
 runs = {"saved": 0, "recomputed": 0}
 
 
-def _counting_op(name: str) -> Callable:
-    @torch.library.custom_op(f"sac2_test_compile::{name}", mutates_args=())
-    def op(x: torch.Tensor) -> torch.Tensor:
-        runs[name] += 1
-        return x * 3
-
-    op.register_fake(lambda x: torch.empty_like(x))
-    op.register_autograd(lambda ctx, grad: grad * 3)
-    return op
-
-
-saved_op, recomputed_op = _counting_op("saved"), _counting_op("recomputed")
+saved_op = scaling_op("sac2_test_compile::saved", runs, 3)
+recomputed_op = scaling_op("sac2_test_compile::recomputed", runs, 3)
 
 
 def _block(x: torch.Tensor) -> torch.Tensor:

@@ -20,21 +20,13 @@ from torch import nn
 import sac2
 from sac2.models import CONFIGS, Transformer, random_tokens
 
+from helpers import scaling_op
+
 runs = {"saved": 0, "recomputed": 0}
 
 
-def _counting(name: str) -> Callable:
-    @torch.library.custom_op(f"sac2_test_compile_models::{name}", mutates_args=())
-    def op(x: torch.Tensor) -> torch.Tensor:
-        runs[name] += 1
-        return x * 2
-
-    op.register_fake(lambda x: torch.empty_like(x))
-    op.register_autograd(lambda ctx, grad: grad * 2)
-    return op
-
-
-saved_op, recomputed_op = _counting("saved"), _counting("recomputed")
+saved_op = scaling_op("sac2_test_compile_models::saved", runs, 2)
+recomputed_op = scaling_op("sac2_test_compile_models::recomputed", runs, 2)
 SAVED = torch.ops.sac2_test_compile_models.saved.default
 RECOMPUTED = torch.ops.sac2_test_compile_models.recomputed.default
 
