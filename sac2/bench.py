@@ -4,8 +4,8 @@ Rows (``rows()``, plain code in one place): no checkpointing, full checkpointing
 SAC under the default LLM policy (``sac2.policies.llm()``), other sac2 policies (every other matmul, memory
 budgets), sac2 region-only policies (the model's matmuls and attention wrapped in ``sac2.region``s, a policy that
 names only ``sac2.Region``s), and torch_remat (the region-based peer, when it is installed) keeping the same calls
-in ``remat.region(..., recompute=False)``. ``--compile`` runs none, full, stock, sac2 (and torch_remat) each under
-``torch.compile`` with the default inductor backend.
+in ``remat.region(..., recompute=False)``. ``--compile`` runs every row under ``torch.compile``
+with the default inductor backend.
 
 Every mode trains its own copy of one model on the same batches; the modes take turns step by step in one process
 (in a rotating order), so drift in machine speed hits all of them alike. Step 0 of each mode measures memory
@@ -110,8 +110,8 @@ class Row:
     region: RegionWrap | None = None
 
 
-def rows(model: Transformer, example: torch.Tensor, compile: bool = False) -> list[Row]:
-    """Every mode the bench runs, no checkpointing first. Under ``compile``: none, full, stock, sac2, torch_remat."""
+def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
+    """Every mode the bench runs, no checkpointing first; ``--compile`` runs the same rows compiled."""
     default = llm()
     out = [
         Row("none", "-", _no_checkpoint),
@@ -119,16 +119,16 @@ def rows(model: Transformer, example: torch.Tensor, compile: bool = False) -> li
         Row("stock SAC", repr(default), _stock(default)),
         Row("sac2 SAC", repr(default), _sac2(default)),
     ]
-    if not compile:
-        every_other = every_other_matmul()
-        out.append(Row("sac2 every_other_matmul", repr(every_other), _sac2(every_other)))
-        for fraction in (0.3, 0.5, 0.7):
-            budget = memory_budget(model.blocks[0], (example,), fraction)
-            out.append(Row(f"sac2 budget {fraction}", repr(budget), _sac2(budget)))
-        regions = [sac2.Region(name) for name in REGION_NAMES]
-        attn = [r for r in regions if r.name.startswith("attn.")]
-        out.append(Row("sac2 regions", f"save {[r.name for r in regions]}", _sac2(regions), _sac2_region))
-        out.append(Row("sac2 regions attn", f"save {[r.name for r in attn]}", _sac2(attn), _sac2_region))
+    every_other = every_other_matmul()
+    out.append(Row("sac2 every_other_matmul", repr(every_other), _sac2(every_other)))
+    for fraction in (0.3, 0.5, 0.7):
+        budget = memory_budget(model.blocks[0], (example,), fraction)
+        out.append(Row(f"sac2 budget {fraction}", repr(budget), _sac2(budget)))
+    # Under compile a region is traced through and each of its nodes gets the policy's answer for the region.
+    regions = [sac2.Region(name) for name in REGION_NAMES]
+    attn = [r for r in regions if r.name.startswith("attn.")]
+    out.append(Row("sac2 regions", f"save {[r.name for r in regions]}", _sac2(regions), _sac2_region))
+    out.append(Row("sac2 regions attn", f"save {[r.name for r in attn]}", _sac2(attn), _sac2_region))
     if remat_available():
         out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, _remat_region))
     return out
@@ -212,7 +212,7 @@ def run(
         )
     if not remat_available():
         notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
-    modes = rows(base, example, compile)
+    modes = rows(base, example)
     models = [_model(base, row) for row in modes]
     forwards = [_forward(m, row, backend if compile else None) for m, row in zip(models, modes)]
     optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
@@ -374,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per mode (after one memory step)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--compile", action="store_true",
-                        help="run none, full, stock, sac2 (and torch_remat) each under torch.compile")
+                        help="run every row under torch.compile")
     parser.add_argument("--backend", default=COMPILE_BACKEND, help="torch.compile backend (default %(default)s)")
     parser.add_argument("--curve", type=_lengths, default=list(CURVE_LENGTHS), metavar="N,N,...",
                         help="region lengths of the per-op curve ('' skips it; default %(default)s)")

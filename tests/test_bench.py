@@ -94,22 +94,17 @@ class TestShortRun(TestCase):
 
 
 class TestRows(TestCase):
-    def _rows(self, compile: bool) -> list[bench.Row]:
-        return bench.rows(Transformer(CONFIGS["tiny"]), torch.randn(2, 32, 64), compile)
+    def _rows(self) -> list[bench.Row]:
+        return bench.rows(Transformer(CONFIGS["tiny"]), torch.randn(2, 32, 64))
 
-    def test_eager_rows_in_order(self):
-        names = [row.name for row in self._rows(False)]
+    def test_rows_in_order(self):
+        names = [row.name for row in self._rows()]
         expected = ["none", "full", "stock SAC", "sac2 SAC", "sac2 every_other_matmul", "sac2 budget 0.3",
                     "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions", "sac2 regions attn"]
         self.assertEqual(names, expected + (["torch_remat"] if bench.remat_available() else []))
 
-    def test_compiled_rows_are_the_four_modes_and_the_peer(self):
-        names = [row.name for row in self._rows(True)]
-        peer = ["torch_remat"] if bench.remat_available() else []
-        self.assertEqual(names, ["none", "full", "stock SAC", "sac2 SAC", *peer])
-
     def test_region_rows_wrap_the_model_and_save_only_regions(self):
-        rows = {row.name: row for row in self._rows(False)}
+        rows = {row.name: row for row in self._rows()}
         self.assertIsNotNone(rows["sac2 regions"].region)
         self.assertIsNone(rows["sac2 SAC"].region)
         self.assertEqual(rows["sac2 regions"].policy, f"save {list(REGION_NAMES)}")
@@ -132,11 +127,12 @@ class TestRegionModel(TestCase):
 
 
 class TestCompile(TestCase):
-    def test_compiled_run_names_its_backend_and_checks_allclose(self):
+    def test_every_row_trains_under_compile_as_without_checkpointing(self):
         stdout = io.StringIO()
         with contextlib.redirect_stdout(stdout):  # aot_eager: the inductor run's graphs, without C++ codegen time
             results, notes = bench.run("tiny", 1, compile=True, backend="aot_eager")
-        self.assertEqual([r.name for r in results][:4], ["none", "full", "stock SAC", "sac2 SAC"])
+        rows = bench.rows(Transformer(CONFIGS["tiny"]), torch.randn(2, 32, 64))
+        self.assertEqual([r.name for r in results], [row.name for row in rows])
         self.assertEqual({r.name: (r.equal, r.check) for r in results},
                          {r.name: (True, "allclose") for r in results})
         self.assertTrue(all(len(r.step_s) == 1 and r.kept_bytes > 0 for r in results))
