@@ -105,6 +105,16 @@ def nested_checkpoint(x, inner_context_fn):
     return inner @ W2
 
 
+OFFSETS = torch.tensor([0, 3, 8, 10])  # three documents of 3, 5 and 2 tokens, packed
+
+
+def nested_jagged_block(x):
+    """A pre-norm MLP block with a residual on a nested jagged tensor (document-packed tokens), as dense in/out."""
+    nt = torch.nested.nested_tensor_from_jagged(x, OFFSETS)
+    h = nt + F.linear(torch.tanh(F.linear(F.layer_norm(nt, (6,)), W1.t(), B1)), W2.t())
+    return h.values()
+
+
 def _x(*shape: int) -> torch.Tensor:
     return _param(*shape, seed=11)
 
@@ -131,6 +141,7 @@ SHAPES: dict[str, tuple[Callable, Callable[[], tuple], dict]] = {
     "input_needs_no_grad": (input_needs_no_grad, lambda: (_x(4, 6), _mask()), {}),
     "output_needs_no_grad": (output_needs_no_grad, lambda: (_x(4, 6),), {}),
     "nested_checkpoint": (nested_checkpoint, lambda: (_x(4, 6),), {}),
+    "nested_jagged_block": (nested_jagged_block, lambda: (_x(10, 6),), {}),
 }
 
 
