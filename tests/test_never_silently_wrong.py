@@ -386,3 +386,44 @@ def test_saved_out_op_that_resizes_its_out_tensor_to_its_input_layout():
         return (t * out).sum() + (out @ w).sum()
 
     _assert_same(fn, [torch.randn(2, 4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)], _save_all)
+
+
+def test_a_region_answered_cpu_offload_is_handed_to_the_offloader(monkeypatch):
+    # On CUDA the offloader copies it to pinned host memory; on CPU it stays an ordinary save (no device here).
+    from sac2 import offload
+
+    offloaded = []
+    real = offload.to_host
+
+    def spy(entries):
+        entries = list(entries)
+        offloaded.extend(e.key for e in entries)
+        return real(entries)
+
+    monkeypatch.setattr(offload, "to_host", spy)
+    body = sac2.region(lambda t: t.sin() * 2, name="never_silently_wrong.offload_spy")
+
+    def policy(ctx, op, *args, **kwargs):
+        return sac2.CheckpointPolicy.MUST_CPU_OFFLOAD if isinstance(op, sac2.Region) else False
+
+    sac2.checkpoint(lambda t: body(t).cos(), torch.randn(4, requires_grad=True), context_fn=_contexts(policy))
+    assert offloaded == [sac2.Region("never_silently_wrong.offload_spy")]
+
+
+def test_a_policy_type_error_for_a_region_survives_code_that_swallows_it():
+    # As for ops: the error is kept and raised when the checkpointed forward ends, even if something caught it.
+    body = sac2.region(lambda t: t * 2, name="never_silently_wrong.swallowed")
+
+    def policy(ctx, op, *args, **kwargs):
+        if isinstance(op, sac2.Region):
+            raise TypeError("policy cannot decide regions")
+        return False
+
+    def fn(t):
+        try:
+            return body(t) * t
+        except TypeError:
+            return t * 3
+
+    with pytest.raises(TypeError, match="policy cannot decide regions"):
+        sac2.checkpoint(fn, torch.randn(3, requires_grad=True), context_fn=_contexts(policy))
