@@ -12,7 +12,7 @@ Beside each ratio it prints the floor: the same for a pair of do-nothing Python 
 forward, one for recompute, each just calling the op) in full checkpointing's ``context_fn``. No SAC built on
 Python dispatch modes can cost less than that.
 
-Then, from ``sac2.bench.curve``, the per-op cost of a 16-op and a 1,024-op region (the same chain, the same save
+Then, from ``sac2.length_curve.curve``, the per-op cost of a 16-op and a 1,024-op region (the same chain, the same save
 list) under sac2 and stock SAC side by side, and how sac2's long-region cost compares with its short-region
 cost: ``sac2(1024) / sac2(16)``; the target is <= 1.15 (per-op cost does not grow with region length).
 
@@ -32,7 +32,7 @@ import torch.utils.checkpoint as tuc
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
-from sac2.bench import curve
+from sac2.length_curve import curve
 from sac2.models import CONFIGS, Transformer, random_tokens
 from sac2.policies import llm_save_list
 

@@ -35,17 +35,16 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import sac2
+from sac2.length_curve import CURVE_LENGTHS, curve, format_curve, sac2_sac, stock_sac
 from sac2.memory import measure_step
 from sac2.models import CONFIGS, REGION_NAMES, RegionWrap, Transformer, random_tokens
 from sac2.policies import every_other_matmul, llm
 from sac2.policies.budget import memory_budget
 
-__all__ = ["Row", "Result", "rows", "run", "curve", "format_table", "main", "CURVE_LENGTHS", "COMPILE_BACKEND"]
+__all__ = ["Row", "Result", "rows", "run", "format_table", "main", "COMPILE_BACKEND"]
 
 RunBlock = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 
-#: Region lengths (ops in forward) of the per-op curve.
-CURVE_LENGTHS = (16, 64, 256, 1024, 4096)
 #: The backend ``--compile`` uses unless ``--backend`` says otherwise: torch.compile's default.
 COMPILE_BACKEND = "inductor"
 #: Tolerances of the correctness check under compile (eager is bitwise).
@@ -58,16 +57,6 @@ def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _full(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return tuc.checkpoint(block, x, use_reentrant=False)
-
-
-def _stock(policy: Any) -> RunBlock:
-    context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, policy)
-    return lambda block, x: tuc.checkpoint(block, x, use_reentrant=False, context_fn=context_fn)
-
-
-def _sac2(policy: Any) -> RunBlock:
-    context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, policy)
-    return lambda block, x: sac2.checkpoint(block, x, context_fn=context_fn)
 
 
 def _sac2_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
@@ -116,19 +105,19 @@ def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
     out = [
         Row("none", "-", _no_checkpoint),
         Row("full", "recompute all", _full),
-        Row("stock SAC", repr(default), _stock(default)),
-        Row("sac2 SAC", repr(default), _sac2(default)),
+        Row("stock SAC", repr(default), stock_sac(default)),
+        Row("sac2 SAC", repr(default), sac2_sac(default)),
     ]
     every_other = every_other_matmul()
-    out.append(Row("sac2 every_other_matmul", repr(every_other), _sac2(every_other)))
+    out.append(Row("sac2 every_other_matmul", repr(every_other), sac2_sac(every_other)))
     for fraction in (0.3, 0.5, 0.7):
         budget = memory_budget(model.blocks[0], (example,), fraction)
-        out.append(Row(f"sac2 budget {fraction}", repr(budget), _sac2(budget)))
+        out.append(Row(f"sac2 budget {fraction}", repr(budget), sac2_sac(budget)))
     # Under compile a region is traced through and each of its nodes gets the policy's answer for the region.
     regions = [sac2.Region(name) for name in REGION_NAMES]
     attn = [r for r in regions if r.name.startswith("attn.")]
-    out.append(Row("sac2 regions", f"save {[r.name for r in regions]}", _sac2(regions), _sac2_region))
-    out.append(Row("sac2 regions attn", f"save {[r.name for r in attn]}", _sac2(attn), _sac2_region))
+    out.append(Row("sac2 regions", f"save {[r.name for r in regions]}", sac2_sac(regions), _sac2_region))
+    out.append(Row("sac2 regions attn", f"save {[r.name for r in attn]}", sac2_sac(attn), _sac2_region))
     if remat_available():
         out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, _remat_region))
     return out
@@ -252,62 +241,6 @@ def run(
     return results, notes
 
 
-def _chain(n: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    def chain(x: torch.Tensor) -> torch.Tensor:
-        for i in range(n):
-            x = x.sin() if i % 2 == 0 else x.cos()
-        return x
-
-    return chain
-
-
-#: The curve's save list: every other op of the chain (its cos calls), for stock and sac2 alike.
-CURVE_SAVE_LIST = [torch.ops.aten.cos.default]
-
-
-def curve(lengths: Sequence[int] = CURVE_LENGTHS, repeat: int = 5) -> dict[str, Any]:
-    """Per-op forward+backward microseconds of an N-op pointwise chain as one region, per mode and length.
-
-    Single thread, this thread's CPU time, median of ``repeat`` samples taken in a rotating mode order; each
-    sample runs the region enough times for about 2,048 ops. ``equal`` says whether each mode's gradient was
-    bitwise the no-checkpointing one.
-    """
-    modes: dict[str, Callable[[Callable, torch.Tensor], torch.Tensor]] = {
-        "none": lambda fn, x: fn(x),
-        "full": lambda fn, x: tuc.checkpoint(fn, x, use_reentrant=False),
-        "stock SAC": _stock(CURVE_SAVE_LIST),
-        "sac2 SAC": _sac2(CURVE_SAVE_LIST),
-    }
-    names = list(modes)
-    us: dict[str, list[float]] = {name: [] for name in names}
-    equal: dict[str, list[bool]] = {name: [] for name in names}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        for n in lengths:
-            chain, iters = _chain(n), max(1, 2048 // n)
-            x = torch.randn(16, generator=torch.Generator().manual_seed(n), requires_grad=True)
-            grads = {}
-            for name in names:  # warm up every path once, and keep its gradient
-                x.grad = None
-                modes[name](chain, x).sum().backward()
-                grads[name] = x.grad.clone()  # later samples accumulate into x.grad in place
-            samples: dict[str, list[float]] = {name: [] for name in names}
-            for r in range(repeat):
-                for name in names[r % len(names):] + names[: r % len(names)]:
-                    start = time.thread_time()
-                    for _ in range(iters):
-                        modes[name](chain, x).sum().backward()
-                    samples[name].append((time.thread_time() - start) / iters / n * 1e6)
-            for name in names:
-                us[name].append(statistics.median(samples[name]))
-                equal[name].append(torch.equal(grads[name], grads["none"]))
-    finally:
-        torch.set_num_threads(threads)
-    return {"ops": "alternating sin/cos on 16 floats", "policy": "save list [aten.cos.default]",
-            "lengths": list(lengths), "repeat": repeat, "us_per_op": us, "equal": equal}
-
-
 def format_table(results: Sequence[Result]) -> str:
     """The results as an aligned text table, ratios relative to the first row (no checkpointing)."""
     base = results[0].median_s
@@ -326,16 +259,6 @@ def format_table(results: Sequence[Result]) -> str:
     ]
     widths = [max(len(row[c]) for row in (header, *rows_)) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (header, *rows_))
-
-
-def format_curve(data: dict[str, Any]) -> str:
-    """The per-op curve as a text table: one line per region length, us/op per mode."""
-    names = list(data["us_per_op"])
-    lines = [f"{'ops':>6}  " + "  ".join(f"{name:>10}" for name in names) + "  (us/op)"]
-    for i, n in enumerate(data["lengths"]):
-        cells = [f"{data['us_per_op'][name][i]:10.2f}" + ("" if data["equal"][name][i] else "!") for name in names]
-        lines.append(f"{n:>6}  " + "  ".join(cells))
-    return "\n".join(lines)
 
 
 def _plot(results: Sequence[Result], curve_data: dict[str, Any] | None, path: str, title: str) -> None:
