@@ -69,3 +69,30 @@ def test_a_compiled_region_body_leaves_no_entry():
     sac2.checkpoint(fn, randn(5), context_fn=lambda: (caching, replay))
     assert [str(op) for op in caching.record.log] == ["aten.sin.default", "aten.sum.default"]
 
+
+
+def test_a_keyed_op_met_while_tracing_is_recorded_and_replayed_under_its_replay_key():
+    # As torch.compile traces a checkpointed region (a proxy mode, ac_graph_id set by torch's checkpoint HOP): a
+    # compiled callable is keyed by the callable in the record and in recompute alike, so recompute is served
+    # instead of reporting a divergence.
+    from torch._higher_order_ops.wrap import InductorCompiledCallable, inductor_compiled_code
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from sac2.keys import replay_key
+
+    graph = torch.fx.symbolic_trace(lambda a: [a.sin()])
+    compiled = InductorCompiledCallable(lambda inputs: [inputs[0].sin()], graph, compile_region_name="attn")
+    forward, recompute = sac2.create_selective_checkpoint_contexts(lambda ctx, op, *args, **kwargs: False)
+    forward.ac_graph_id = 0
+    keys = []
+
+    def traced(x):
+        with forward:
+            (y,) = inductor_compiled_code(compiled, [x])
+        keys.append(replay_key(inductor_compiled_code, (compiled, [x])))
+        with recompute:
+            (z,) = inductor_compiled_code(compiled, [x])
+        return y + z
+
+    make_fx(traced)(torch.randn(4))
+    assert [e.key for e in forward.record.log] == keys
