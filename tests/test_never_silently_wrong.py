@@ -285,16 +285,18 @@ def test_region_answered_cpu_offload_is_kept_and_not_run_again():
     assert torch.equal(grad, torch.autograd.grad(body(x).cos().sum(), x)[0])
 
 
+def _refuses_regions(ctx, op, *args, **kwargs):
+    if isinstance(op, sac2.Region):
+        raise TypeError("policy cannot decide regions")
+    return False
+
+
 def test_a_type_error_raised_by_a_policy_for_a_region_reaches_the_caller():
     body = sac2.region(lambda t: t * 2, name="never_silently_wrong.typed")
 
-    def policy(ctx, op, *args, **kwargs):
-        if isinstance(op, sac2.Region):
-            raise TypeError("policy cannot decide regions")
-        return False
-
     with pytest.raises(TypeError, match="policy cannot decide regions"):
-        sac2.checkpoint(lambda t: body(t) * t, torch.randn(3, requires_grad=True), context_fn=_contexts(policy))
+        x = torch.randn(3, requires_grad=True)
+        sac2.checkpoint(lambda t: body(t) * t, x, context_fn=_contexts(_refuses_regions))
 
 
 # ---- 7. nested jagged tensors ----
@@ -414,11 +416,6 @@ def test_a_policy_type_error_for_a_region_survives_code_that_swallows_it():
     # As for ops: the error is kept and raised when the checkpointed forward ends, even if something caught it.
     body = sac2.region(lambda t: t * 2, name="never_silently_wrong.swallowed")
 
-    def policy(ctx, op, *args, **kwargs):
-        if isinstance(op, sac2.Region):
-            raise TypeError("policy cannot decide regions")
-        return False
-
     def fn(t):
         try:
             return body(t) * t
@@ -426,4 +423,4 @@ def test_a_policy_type_error_for_a_region_survives_code_that_swallows_it():
             return t * 3
 
     with pytest.raises(TypeError, match="policy cannot decide regions"):
-        sac2.checkpoint(fn, torch.randn(3, requires_grad=True), context_fn=_contexts(policy))
+        sac2.checkpoint(fn, torch.randn(3, requires_grad=True), context_fn=_contexts(_refuses_regions))
