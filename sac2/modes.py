@@ -33,7 +33,6 @@ __all__ = ["SacMode", "CachingMode", "ReplayMode"]
 
 Tensor = torch.Tensor
 _detach = _compat.detach_keeping_version
-_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
 _MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
 _CAST = torch.ops.aten._to_copy.default
 
@@ -179,12 +178,12 @@ class CachingMode(SacMode):
     def _track_op(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any) -> None:
         """Tell the record what an op did to storages its saved entries hold."""
         record = self.record
-        if op.kind == VIEW:
+        if op.hidden_alias:  # shares its input's storage but not its version counter
+            for entry in record.holders(args[0]):
+                entry.watch(out)
+        elif op.kind == VIEW:
             if op.writes:  # an in-place view op bumps its argument's version without touching its data
                 self._pending.extend(record.holders(args[0]))
-            elif func is _UNSAFE_VIEW:  # shares its input's storage but not its version counter
-                for entry in record.holders(args[0]):
-                    entry.watch(out)
         elif op.writes:
             record.wrote([t for _, t in writes.expand(args, kwargs, op.writes)])
 

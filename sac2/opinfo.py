@@ -17,6 +17,8 @@ from sac2.writes import Path, schema_writes
 
 __all__ = ["PLAIN", "VIEW", "IGNORE", "HOP", "KEYED", "OpInfo", "info", "TABLE"]
 
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+
 #: An aten or custom op; a view (or in-place view) op, always re-run; an op that is not an op for SAC (detach,
 #: metadata queries), run and never recorded; a higher-order op; an op whose replay key depends on its arguments.
 PLAIN, VIEW, IGNORE, HOP, KEYED = 0, 1, 2, 3, 4
@@ -25,7 +27,7 @@ PLAIN, VIEW, IGNORE, HOP, KEYED = 0, 1, 2, 3, 4
 class OpInfo:
     """One op's entry in the table."""
 
-    __slots__ = ("op", "kind", "writes", "random", "ordered", "call", "plain")
+    __slots__ = ("op", "kind", "writes", "random", "ordered", "call", "hidden_alias", "plain")
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -34,8 +36,12 @@ class OpInfo:
         self.ordered = _compat.has_ordered_effect(op)
         self.kind = _kind(op, self)
         self.call: Callable[..., Any] = _compat.direct_call(op)
-        #: A functional aten or custom op that draws nothing and has no side effect: the forward's short path.
-        self.plain = self.kind == PLAIN and not (self.writes or self.random or self.ordered)
+        #: Its output shares its input's storage but not its version counter (matmul's ``_unsafe_view``): a
+        #: saved entry holding that storage must watch the output too.
+        self.hidden_alias = op is _UNSAFE_VIEW
+        #: A functional aten or custom op that draws nothing, has no side effect and aliases nothing: the
+        #: forward's short path.
+        self.plain = self.kind == PLAIN and not (self.writes or self.random or self.ordered or self.hidden_alias)
 
 
 def _kind(op: Any, entry: OpInfo) -> int:

@@ -424,3 +424,19 @@ def test_a_policy_type_error_for_a_region_survives_code_that_swallows_it():
 
     with pytest.raises(TypeError, match="policy cannot decide regions"):
         sac2.checkpoint(fn, torch.randn(3, requires_grad=True), context_fn=_contexts(_refuses_regions))
+
+
+def test_a_saved_matmul_modified_after_forward_through_its_unsafe_view_raises():
+    # 3-D @ 2-D returns an _unsafe_view of the saved mm output: same storage, its own version counter.
+    w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+
+    def fn(a):
+        y = a @ w
+        return y, y.exp()
+
+    y, e = sac2.checkpoint(fn, torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True),
+                           context_fn=_contexts([aten.mm.default]))
+    with torch.no_grad():
+        y.mul_(2)
+    with pytest.raises(RuntimeError, match=r"aten\.mm\.default .* was modified in place after the checkpointed"):
+        e.sum().backward()
