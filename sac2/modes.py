@@ -26,7 +26,7 @@ from sac2.notices import DIVERGED as _DIVERGED
 from sac2.notices import count_forward, diverged, overlapping_write, unseen_writes, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.record import Record, Saved, keep, rng_before, rng_moved, served
-from sac2.regions import pack_saved, record_region, replay_region
+from sac2.regions import record_region, replay_region
 from sac2.tracing import Tracer
 
 __all__ = ["SacMode", "CachingMode", "ReplayMode"]
@@ -262,7 +262,7 @@ class CachingMode(SacMode):
                 record.drop_modified()
                 _offload.to_host(e for e in map(record.log.__getitem__, record.saved_at) if e.offload)
                 if self.saved_tensors_hooks is not None:
-                    pack_saved(record, self.saved_tensors_hooks)
+                    record.pack(self.saved_tensors_hooks)
         finally:
             super().__exit__(exc_type, exc, tb)
         error, self._policy_error = self._policy_error, None
@@ -284,11 +284,8 @@ class ReplayMode(SacMode):
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
         super().__enter__()
         log = self._log
-        entries = [log[i] for i in self.record.saved_at if type(log[i]) is Saved]
-        _offload.prefetch(e for e in entries if e.offload)
-        for e in log:
-            if type(e) is Saved and e.hooks is not None:
-                e.unpack()
+        _offload.prefetch(e for e in map(log.__getitem__, self.record.saved_at) if type(e) is Saved and e.offload)
+        self.record.unpack()
         return self
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:

@@ -140,12 +140,27 @@ class Record:
     ``by_storage`` maps each storage a saved entry holds to the entry holding it (a list when several do).
     """
 
-    __slots__ = ("log", "saved_at", "by_storage")
+    __slots__ = ("log", "saved_at", "by_storage", "packed")
 
     def __init__(self) -> None:
         self.log: list[Any] = []
         self.saved_at: list[int] = []
         self.by_storage: dict[int, Saved | list[Saved]] = {}
+        self.packed = False  # some entries are held by the user's saved-tensor hooks
+
+    def pack(self, hooks: tuple[Any, Any]) -> None:
+        """At the end of forward: hand every saved entry not offloaded (ops and regions) to the user's hooks."""
+        for e in self.log:
+            if type(e) is Saved and not e.offload:
+                e.pack(hooks)
+        self.packed = True
+
+    def unpack(self) -> None:
+        """At the start of each recompute: take back what the hooks hold (no-op when nothing was packed)."""
+        if self.packed:
+            for e in self.log:
+                if type(e) is Saved and e.hooks is not None:
+                    e.unpack()
 
     def key_at(self, i: int) -> Any:
         e = self.log[i]

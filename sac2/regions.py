@@ -104,13 +104,6 @@ def replay_region(
     return result
 
 
-def pack_saved(record: Record, hooks: tuple[Callable, Callable]) -> None:
-    """Hand every saved entry that is not offloaded (ops and regions) to the user's saved-tensor hooks."""
-    for e in record.log:
-        if type(e) is Saved and not e.offload:
-            e.pack(hooks)
-
-
 _local = threading.local()
 
 
@@ -153,7 +146,7 @@ class RegionForward(_Context):
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         super().__exit__(exc_type, *exc)
         if exc_type is None and self.saved_tensors_hooks is not None:
-            pack_saved(self.record, self.saved_tensors_hooks)
+            self.record.pack(self.saved_tensors_hooks)
 
     def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         return record_region(self.record, key, key in self.saves, False, run, run_kept, args, kwargs)
@@ -168,9 +161,7 @@ class RegionReplay(_Context):
 
     def __enter__(self) -> RegionReplay:
         self._cursor = 0
-        for e in self.record.log:
-            if type(e) is Saved and e.hooks is not None:
-                e.unpack()
+        self.record.unpack()
         return super().__enter__()  # type: ignore[return-value]
 
     def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
