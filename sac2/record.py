@@ -151,7 +151,8 @@ class Record:
     def pack(self, hooks: tuple[Any, Any]) -> None:
         """At the end of forward: hand every saved entry not offloaded (ops and regions) to the user's hooks."""
         for e in self.log:
-            if type(e) is Saved and not e.offload:
+            # A region that wrote where sac2 cannot see runs again in recompute: it has nothing to hand over.
+            if type(e) is Saved and not e.offload and e.writes is not None:
                 e.pack(hooks)
         self.packed = True
 

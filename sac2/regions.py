@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from sac2 import _compat, writes
+from sac2 import _compat, offload, writes
 from sac2.answers import SaveList
 from sac2.keys import Region
 from sac2.notices import DIVERGED, count_forward, unseen_writes, warn_once
@@ -67,8 +67,6 @@ def replay_region(
     record: Record, i: int, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict
 ) -> Any:
     """The region call at position ``i`` of recompute: serve what forward saved, else run it."""
-    from sac2 import offload
-
     log = record.log
     entry = log[i] if i < len(log) else None
     if entry is key:

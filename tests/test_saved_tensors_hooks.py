@@ -164,3 +164,23 @@ def test_a_saved_region_goes_through_the_hooks(policy):
     assert any(torch.equal(t, x.exp()) for t in seen)  # the region's output, handed to the pack hook
     grad = torch.autograd.grad(run(x).sum(), x)[0]
     assert torch.equal(grad, torch.autograd.grad(x.exp().tanh().sum(), x)[0])
+
+
+def test_a_saved_region_that_wrote_where_sac2_cannot_see_runs_again_under_the_hooks():
+    # It has nothing for the hooks to hold: recompute runs it again, as without hooks.
+    @sac2.region(name="saved_tensors_hooks.invisible")
+    def invisible(t, buf):
+        buf.data.copy_(t.detach() * 2)  # a write sac2 cannot see: no version bump, nothing returned
+
+    def fn(t):
+        buf = torch.zeros_like(t)
+        invisible(t, buf)
+        return (buf * t).exp()
+
+    x = _x()
+    policy = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("saved_tensors_hooks.invisible")])
+    with warnings.catch_warnings(), save_on_cpu():
+        warnings.simplefilter("ignore")  # sac2 says it recomputes the region
+        y = sac2.checkpoint(fn, x, context_fn=policy, respect_saved_tensors_hooks=True)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(grad, torch.autograd.grad(fn(x).sum(), x)[0])
