@@ -192,3 +192,13 @@ def into_buffer(write: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable
 def python_blocks(doc: str | Path) -> list[str]:
     """The ```python code blocks of a Markdown file (a path relative to the repository root), in order."""
     return re.findall(r"```python\n(.*?)```", (ROOT / doc).read_text(), flags=re.S)
+
+
+def inplace_chain(x: torch.Tensor) -> torch.Tensor:
+    """Two ops whose outputs are modified in place before anything else reads them (a save-everything policy
+    saves them stale), then exp."""
+    a = x * 2
+    a.add_(1)
+    b = a.sin()
+    b.mul_(3)
+    return b.exp()

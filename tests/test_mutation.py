@@ -17,7 +17,7 @@ from torch._ops import HigherOrderOperator
 
 import sac2
 
-from helpers import OpRuns, contexts, exp_function, grads, into_buffer, randn
+from helpers import OpRuns, contexts, exp_function, grads, inplace_chain, into_buffer, randn
 
 aten = torch.ops.aten
 
@@ -44,14 +44,6 @@ def checkpoint_and_compare(
     assert all(forward.counts[op] for op in ops), "an op under test did not run in forward"
     warned = [str(w.message) for w in caught if str(w.message).startswith("sac2")]
     return {op: backward.counts[op] for op in ops}, warned
-
-
-def inplace_chain(x):
-    a = x * 2
-    a.add_(1)
-    b = a.sin()
-    b.mul_(3)
-    return b.exp()
 
 
 INPLACE = [aten.add_.Tensor, aten.mul_.Tensor]

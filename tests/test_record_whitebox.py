@@ -11,18 +11,10 @@ import sac2
 from sac2.answers import CheckpointPolicy
 from sac2.record import Saved
 
-from helpers import COUNTED, counted_op, grads, randn
+from helpers import COUNTED, counted_op, grads, inplace_chain, randn
 
 aten = torch.ops.aten
 counted, _ = counted_op("test_record_whitebox")
-
-
-def _inplace_chain(x):
-    a = x * 2
-    a.add_(1)
-    b = a.sin()
-    b.mul_(3)
-    return b.exp()
 
 
 def _saved_keys(caching) -> list:
@@ -31,7 +23,7 @@ def _saved_keys(caching) -> list:
 
 def test_saved_ops_are_saved_entries_in_call_order_and_the_rest_keys():
     caching, replay = sac2.create_selective_checkpoint_contexts([aten.add_.Tensor, aten.mul_.Tensor])
-    sac2.checkpoint(_inplace_chain, randn(32), context_fn=lambda: (caching, replay))
+    sac2.checkpoint(inplace_chain, randn(32), context_fn=lambda: (caching, replay))
     assert _saved_keys(caching) == [aten.add_.Tensor, aten.mul_.Tensor]
     assert [e for e in caching.record.log if type(e) is not Saved] == [
         aten.mul.Tensor, aten.sin.default, aten.exp.default
@@ -41,7 +33,7 @@ def test_saved_ops_are_saved_entries_in_call_order_and_the_rest_keys():
 def test_the_last_backward_leaves_only_keys_in_the_record():
     caching, replay = sac2.create_selective_checkpoint_contexts([aten.add_.Tensor, aten.mul_.Tensor])
     x = randn(32)
-    out = sac2.checkpoint(_inplace_chain, x, context_fn=lambda: (caching, replay))
+    out = sac2.checkpoint(inplace_chain, x, context_fn=lambda: (caching, replay))
     grads(out, (x,))
     assert _saved_keys(caching) == []  # backward released what it served
 
