@@ -120,9 +120,9 @@ def region(fn: Callable | None = None, *, name: str | None = None) -> Any:
         if torch.compiler.is_compiling():
             with _compat.annotate_region(name):  # traced through: the policy decides its ops as one region
                 return fn(*args, **kwargs)
-        handler = _sac2_top()[-1:] if _compat.mode_stack_len() else None
-        if handler:
-            return handler[0].region(key, run, run_kept, args, kwargs)
+        modes = _sac2_top() if _compat.mode_stack_len() else ()
+        if modes:
+            return modes[-1].region(key, run, run_kept, args, kwargs)
         context = regions.active()
         if context is not None:
             return context.region(key, run, run_kept, args, kwargs)
