@@ -8,6 +8,7 @@ from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.apply import apply_ac
 from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
 from sac2.compiled import compiled_region, region
+from sac2.frame import use_torch_frame
 from sac2.keys import Region, region_of
 from sac2.notices import forward_count
 from sac2.profile import activation_memory
@@ -26,6 +27,7 @@ from sac2.wrappers import (
 __all__ = [
     "checkpoint",
     "create_selective_checkpoint_contexts",
+    "use_torch_frame",
     "CheckpointPolicy",
     "SelectiveCheckpointContext",
     "Region",

@@ -91,20 +91,19 @@ def detach_keeping_version(t: torch.Tensor) -> torch.Tensor:
         return t.detach()
 
 
-_TRACING_MODES = (
-    torch._C._TorchDispatchModeKey.PROXY,
-    torch._C._TorchDispatchModeKey.FAKE,
-    torch._C._TorchDispatchModeKey.FUNCTIONAL,
-)
+_get_mode = torch._C._get_dispatch_mode
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_FUNCTIONAL = torch._C._TorchDispatchModeKey.FUNCTIONAL
 
 
 def tracing_for_compile() -> bool:
     """True while torch.compile traces (dynamo's fake propagation, AOTAutograd's metadata pass, joint tracing,
     partitioning): a proxy, fake or functional mode is active, and tensors have no real storage. Export's
     non-strict tracing runs eagerly and is not tracing here."""
-    if torch.compiler._is_non_strict_tracing():
+    if _get_mode(_PROXY) is None and _get_mode(_FAKE) is None and _get_mode(_FUNCTIONAL) is None:
         return False
-    return any(torch._C._get_dispatch_mode(k) is not None for k in _TRACING_MODES)
+    return not torch.compiler._is_non_strict_tracing()
 
 
 def tag_traced_nodes(run: Callable[[], Any], ac_graph_id: int, policy_of: Callable[[Any], Any]) -> Any:
@@ -416,13 +415,15 @@ _CHECKPOINT_PACK = next(
 
 
 def in_checkpoint_forward() -> bool:
-    """Whether this thread runs inside the forward of a non-reentrant ``torch.utils.checkpoint`` (sac2's, HF's,
+    """Whether this thread runs inside the forward of a non-reentrant checkpoint (sac2's frame, torch's: HF's,
     torch's wrappers): the innermost saved-tensor hooks are that checkpoint's. Hooks pushed inside it
     (``save_on_cpu``) hide it; its recompute in backward pushes other hooks, so does not count."""
     hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
-    if hooks is None or _CHECKPOINT_PACK is None:
+    if hooks is None:
         return False
-    return getattr(hooks[0], "__code__", None) is _CHECKPOINT_PACK
+    if getattr(hooks[0], "_sac2_forward", False):
+        return True
+    return _CHECKPOINT_PACK is not None and getattr(hooks[0], "__code__", None) is _CHECKPOINT_PACK
 
 
 # --- the partitioner's compute-intensive ops (sac2.policies.torchtitan) ---
@@ -445,20 +446,31 @@ def user_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
     """The (pack, unpack) pair a tensor saved for backward right now would go through, or None, looking past the
     hooks checkpoints push themselves (an outer checkpoint's placeholders, its recompute's capture) to the user's.
 
-    torch 2.14+ marks its own hooks and keeps the pair beneath them (``_current_user_saved_tensors_hooks``); on
-    2.13 they are recognised by the module that defines them, and the pair beneath is read by popping them for a
-    moment. Either way nested checkpoints resolve to the hooks the user pushed.
+    Checkpoint-internal hooks (sac2's frame's, torch 2.14+'s) keep the pair beneath them as ``_user_hooks`` while on
+    the stack; torch 2.13's are recognised by the module that defines them, and the pair beneath is read by popping
+    them for a moment. Either way nested checkpoints resolve to the hooks the user pushed.
     """
-    lookup = getattr(_tuc, "_current_user_saved_tensors_hooks", None)
-    if lookup is not None:
-        return lookup()
     autograd = torch._C._autograd
     hooks = autograd._top_saved_tensors_default_hooks(False)
-    if hooks is None or not _checkpoint_internal(hooks):
-        return hooks
+    while hooks is not None and _checkpoint_internal(hooks):
+        beneath = getattr(hooks[0], "_user_hooks", _NOT_KEPT)
+        if beneath is _NOT_KEPT:
+            return _beneath_torch_hooks()
+        hooks = beneath
+    return hooks
+
+
+_NOT_KEPT = object()
+
+
+def _beneath_torch_hooks() -> tuple[Callable, Callable] | None:
+    """torch 2.13: the first hook pair beneath the checkpoint-internal ones on top of the stack, found by popping
+    them and pushing them back."""
+    autograd = torch._C._autograd
     if not autograd._saved_tensors_hooks_is_enabled():
         return None  # hooks can't be pushed back now; under disable_saved_tensors_hooks nothing may be saved
     popped = []
+    hooks = autograd._top_saved_tensors_default_hooks(False)
     try:
         while hooks is not None and _checkpoint_internal(hooks):
             popped.append(hooks)
@@ -474,3 +486,339 @@ def _checkpoint_internal(hooks: tuple[Callable, Callable]) -> bool:
     """Whether a hook pair is one torch's non-reentrant checkpoint pushed (torch 2.13: its unpack hooks are local
     functions of ``torch.utils.checkpoint``; its pack hook may be wrapped by ``torch._dynamo.disable``)."""
     return getattr(hooks[0], "_checkpoint_internal", False) or getattr(hooks[1], "__module__", None) == _tuc.__name__
+
+
+# --- the checkpoint frame (sac2.frame) ---
+__all__ += [
+    "CheckpointError", "DEBUG_TIP", "unpacked_twice_message", "checkpoint_devices", "autocast_state",
+    "autocast_contexts", "rng_states", "set_rng_states", "device_initialized_since", "device_context",
+    "fresh_device_context", "make_saved_tensor", "unpack_saved_tensor", "graph_task", "graph_exec_group",
+    "push_checkpoint_hooks", "pop_checkpoint_hooks", "set_grad_enabled", "skip_dynamo_in_code",
+    "checkpoint_debug_override", "early_stop_override", "traced_checkpoint", "run_torch_frame", "torch_frame",
+    "tell_torch_sac_modes", "TORCH_FRAME",
+]
+
+import torch.fx._symbolic_trace as _fx_trace  # noqa: E402
+import torch.overrides as _overrides  # noqa: E402
+import torch.utils._device as _device  # noqa: E402
+
+CheckpointError = _tuc.CheckpointError
+#: The tip torch's frame appends to its determinism errors.
+DEBUG_TIP: str = getattr(_tuc, "_debug_tip_msg", "")
+_SavedTensor = torch._C._autograd.SavedTensor
+_make_saved_tensor = torch._C._autograd._make_saved_tensor
+_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_graph_task_id = torch._C._current_graph_task_id
+_graph_exec_group = getattr(torch._C, "_get_graph_exec_group", lambda: None)
+_grad_enabled = torch.is_grad_enabled
+_set_grad = torch._C._set_grad_enabled
+
+
+def unpacked_twice_message() -> str:
+    """torch's error for a saved tensor unpacked a second time in one backward."""
+    extra = ""
+    if _graph_exec_group() is not None:
+        extra = (
+            "Performing two backward calls that overlap (i.e. require the same saved activation in order to compute "
+            "gradients) is not allowed while under the torch.utils.checkpoint.GraphExecGroup context. "
+        )
+    return (
+        "torch.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked once. "
+        f"{extra}If you are calling ctx.saved_tensors in backward, make sure to do so only once. Otherwise please "
+        "open an issue with details on your use case."
+    )
+
+
+def _tensor_leaves(args: tuple) -> list[torch.Tensor]:
+    for a in args:
+        if type(a) is not torch.Tensor and isinstance(a, (list, tuple, dict)):
+            return [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
+    return [a for a in args if isinstance(a, torch.Tensor)]  # no containers: no tree walk
+
+
+def checkpoint_devices(args: tuple) -> tuple[str, list[int]]:
+    """The device type whose RNG and autocast state a checkpoint replays, and the indices of the non-CPU devices of
+    the tensor arguments, as torch's frame infers them (``_infer_device_type``, ``get_device_states``): CUDA
+    first, else the first non-CPU type, else the default device type."""
+    types: list[str] = []
+    ids: list[int] = []
+    for t in _tensor_leaves(args):
+        if not t.is_cpu:
+            device = t.device
+            types.append(device.type)
+            if device.type != "meta":
+                ids.append(t.get_device())
+    if not types:
+        return _tuc.DefaultDeviceType._default_device_type or _tuc.DefaultDeviceType.get_device_type(), ids
+    return ("cuda" if "cuda" in types else types[0]), ids
+
+
+def _device_module(device_type: str) -> Any:
+    return None if device_type == "meta" else getattr(torch, device_type, None)
+
+
+def _autocast_of(device_type: str) -> tuple[str, bool, torch.dtype, bool]:
+    return (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
+            torch.is_autocast_cache_enabled())
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+def autocast_state(devices: tuple[str, list[int]]) -> tuple | None:
+    """The autocast state of the checkpoint's device type (where autocast exists) and of the CPU; None when
+    autocast is off everywhere (the common case, read with one call)."""
+    if not _any_autocast():
+        return None
+    device_type = devices[0]
+    states = [_autocast_of("cpu")]
+    if device_type != "cpu" and torch.amp.is_autocast_available(device_type):
+        states.insert(0, _autocast_of(device_type))
+    return tuple(states)
+
+
+def autocast_contexts(state: tuple | None) -> list:
+    """The ``torch.autocast`` contexts that make the autocast state ``state`` again; none where it already is."""
+    if state is None:
+        if not _any_autocast():
+            return []
+        state = tuple((t, False, torch.get_autocast_dtype(t), torch.is_autocast_cache_enabled())
+                      for t in ("cuda", "cpu", "xpu", "mps", "hpu") if torch.is_autocast_enabled(t))
+    return [
+        torch.amp.autocast(device_type, enabled=enabled, dtype=dtype, cache_enabled=cache)
+        for device_type, enabled, dtype, cache in state
+        if _autocast_of(device_type) != (device_type, enabled, dtype, cache)
+    ]
+
+
+_cpu_generator = torch.default_generator
+
+
+def rng_states(devices: tuple[str, list[int]]) -> tuple[torch.Tensor, list | None]:
+    """The CPU generator's state and, if the device type's module is initialised, each argument device's."""
+    device_type, ids = devices
+    module = _device_module(device_type)
+    if not getattr(module, "_initialized", False):
+        return _cpu_generator.get_state(), None
+    return _cpu_generator.get_state(), [(module, i, module.get_rng_state(i)) for i in ids]
+
+
+def set_rng_states(states: tuple[torch.Tensor, list | None]) -> tuple[torch.Tensor, list | None]:
+    """Set the states ``rng_states`` took; return the ones they replace."""
+    cpu, devices = states
+    before = _cpu_generator.get_state(), None if devices is None else [
+        (m, i, m.get_rng_state(i)) for m, i, _ in devices
+    ]
+    _cpu_generator.set_state(cpu)
+    for module, i, state in devices or ():
+        module.set_rng_state(state, i)
+    return before
+
+
+def device_initialized_since(devices: tuple[str, list[int]], rng: tuple[torch.Tensor, list | None]) -> bool:
+    """Whether the device module was initialised after ``rng`` was taken without its states (torch's frame
+    refuses that: the device's RNG state could not be replayed)."""
+    return rng[1] is None and bool(getattr(_device_module(devices[0]), "_initialized", False))
+
+
+def device_context() -> torch.device | None:
+    """The device of the innermost ``with torch.device(...)`` context, which recompute must run under too."""
+    if not torch._C._len_torch_function_stack():
+        return None
+    for mode in reversed(_overrides._get_current_function_mode_stack()):
+        if isinstance(mode, _device.DeviceContext):
+            return mode.device
+    return None
+
+
+def fresh_device_context(device: torch.device) -> Any:
+    """A new ``torch.device`` context for recompute (re-entering the forward's own instance corrupts its state)."""
+    return _device.DeviceContext(device)
+
+
+def make_saved_tensor(t: torch.Tensor) -> Any:
+    """Save ``t`` as autograd saves an input of a node: through the saved-tensor hooks in effect."""
+    return _make_saved_tensor(t, is_output=False)
+
+
+def unpack_saved_tensor(x: Any) -> Any:
+    return x.unpack() if type(x) is _SavedTensor else x
+
+
+def graph_exec_group() -> Any:
+    return _graph_exec_group()
+
+
+def graph_task() -> Any:
+    """What a recompute is shared by: the ``GraphExecGroup`` in effect, else the running backward's graph task; None
+    outside any backward."""
+    group = _graph_exec_group()
+    if group is not None:
+        return group
+    gid = _graph_task_id()
+    return None if gid == -1 else gid
+
+
+def push_checkpoint_hooks(pack: Callable, unpack: Callable, forward: bool = False) -> None:
+    """Push a checkpoint's saved-tensor hooks, marked as checkpoint-internal the way torch 2.14+ marks its own
+    (``_checkpoint_internal``, and ``_user_hooks``, the user's pair beneath, while on the stack), so that torch's
+    SAC, sac2's and nested checkpoints find the user's hooks past them."""
+    pack._checkpoint_internal = True  # type: ignore[attr-defined]
+    pack._sac2_forward = forward  # type: ignore[attr-defined]
+    pack._user_hooks = user_saved_tensors_hooks()  # type: ignore[attr-defined]
+    _push_hooks(pack, unpack)
+
+
+def pop_checkpoint_hooks(pack: Callable) -> None:
+    _pop_hooks()
+    del pack._user_hooks  # the graph keeps the hooks; it must not keep the user's through them
+
+
+def set_grad_enabled(enabled: bool) -> bool:
+    """Set grad mode; return the previous one."""
+    was = _grad_enabled()
+    _set_grad(enabled)
+    return was
+
+
+def skip_dynamo_in_code(*functions: Callable) -> None:
+    """Never let dynamo trace these functions or what they call (marked on their code objects: no per-call cost)."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    for fn in functions:
+        set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
+def checkpoint_debug_override() -> bool:
+    """``torch.utils.checkpoint.set_checkpoint_debug_enabled(True)`` in effect."""
+    return bool(getattr(_tuc, "_checkpoint_debug_enabled", None))
+
+
+def early_stop_override() -> bool | None:
+    """What ``torch.utils.checkpoint.set_checkpoint_early_stop`` set, or None outside it."""
+    return getattr(_tuc, "_enable_checkpoint_early_stop", None)
+
+
+def traced_checkpoint() -> bool:
+    """Whether a checkpoint now runs under torch.compile, export or FX tracing (not eager)."""
+    return (
+        torch.compiler.is_compiling()
+        or torch.compiler._is_non_strict_tracing()
+        or _fx_trace._is_fx_tracing_flag
+        or tracing_for_compile()
+    )
+
+
+#: torch's own non-reentrant frame generator, as torch's checkpoint calls it on this version.
+TORCH_FRAME: Callable[..., Any] = getattr(
+    _tuc, "_checkpoint_without_reentrant_generator_impl", _tuc._checkpoint_without_reentrant_generator
+)
+_FRAME_TAKES_TUPLES = TORCH_FRAME.__name__.endswith("_impl")  # 2.15: (fn, args, kwargs, *, options)
+_FRAME_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in __import__("inspect").signature(TORCH_FRAME).parameters
+
+
+def torch_frame(function: Callable, args: tuple, kwargs: dict, **options: Any) -> Any:
+    """torch's frame generator for one call (``options``: the keyword options of ``sac2.frame.frames``)."""
+    flag = options.pop("respect_saved_tensors_hooks", None)
+    if _FRAME_TAKES_HOOKS_FLAG:
+        options["respect_saved_tensors_hooks"] = flag
+    if _FRAME_TAKES_TUPLES:
+        return TORCH_FRAME(function, args, kwargs, **options)
+    o = options
+    return TORCH_FRAME(function, o["preserve_rng_state"], o["context_fn"], o["determinism_check"], o["debug"],
+                       o["early_stop"], *args, **kwargs)
+
+
+def run_torch_frame(function: Callable, args: tuple, kwargs: dict, **options: Any) -> Any:
+    """``function(*args, **kwargs)`` under torch's frame, driven as torch's ``checkpoint`` drives it."""
+    gen = torch_frame(function, args, kwargs, **options)
+    next(gen)
+    try:
+        out = function(*args, **kwargs)
+    except BaseException as error:
+        try:
+            gen.throw(error)
+        except StopIteration as stop:
+            raise RuntimeError(
+                "torch.utils.checkpoint: the forward context provided by context_fn suppressed an exception raised "
+                "during the checkpointed forward. This is not supported because checkpoint cannot return a value "
+                "for a failed forward."
+            ) from stop
+        raise
+    try:
+        next(gen)
+    except StopIteration:
+        return out
+    raise AssertionError("torch.utils.checkpoint: expected the frame generator to yield exactly once")
+
+
+_TorchCachingMode = getattr(_tuc, "_CachingTorchDispatchMode", None)
+
+
+def tell_torch_sac_modes(forward_context: Any, respect_saved_tensors_hooks: bool | None) -> None:
+    """torch 2.14+'s frame tells its own SAC caching mode whether to route saved tensors through the user's hooks."""
+    if _FRAME_TAKES_HOOKS_FLAG and isinstance(forward_context, _TorchCachingMode):
+        forward_context.respect_saved_tensors_hooks = respect_saved_tensors_hooks
+
+
+# --- install(): what sac2 swaps under torch's checkpoint API (sac2.integrations.rebinding) ---
+__all__ += ["as_torch_frame", "torch_frame_bindings", "torch_wrapper_function"]
+
+
+def as_torch_frame(frames: Callable[..., Any]) -> Callable[..., Any]:
+    """``sac2.frame.frames`` in the calling convention of torch's frame generator on this torch (2.13/2.14:
+    positional options then ``*args, **kwargs``; 2.15: ``(fn, args, kwargs, *, options)``)."""
+    noop = noop_context_fn
+    if _FRAME_TAKES_TUPLES:
+
+        def generator(fn: Callable, args: tuple, kwargs: dict, *, preserve_rng_state: bool = True,
+                      context_fn: Callable = noop, determinism_check: str = "default", debug: bool = False,
+                      early_stop: bool = True, respect_saved_tensors_hooks: bool | None = None) -> Any:
+            return frames(fn, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
+                          determinism_check=determinism_check, debug=debug, early_stop=early_stop,
+                          respect_saved_tensors_hooks=respect_saved_tensors_hooks)
+
+    elif _FRAME_TAKES_HOOKS_FLAG:
+
+        def generator(fn: Callable, preserve_rng_state: bool = True, context_fn: Callable = noop,  # type: ignore[misc]
+                      determinism_check: str = "default", debug: bool = False, early_stop: bool = True, *args: Any,
+                      respect_saved_tensors_hooks: bool | None = None, **kwargs: Any) -> Any:
+            return frames(fn, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
+                          determinism_check=determinism_check, debug=debug, early_stop=early_stop,
+                          respect_saved_tensors_hooks=respect_saved_tensors_hooks)
+
+    else:
+
+        def generator(fn: Callable, preserve_rng_state: bool = True, context_fn: Callable = noop,  # type: ignore[misc]
+                      determinism_check: str = "default", debug: bool = False, early_stop: bool = True, *args: Any,
+                      **kwargs: Any) -> Any:
+            return frames(fn, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
+                          determinism_check=determinism_check, debug=debug, early_stop=early_stop)
+
+    generator.__name__ = generator.__qualname__ = TORCH_FRAME.__name__
+    return generator
+
+
+def torch_frame_bindings() -> list[tuple[Any, str]]:
+    """(module, attribute) of each module global through which torch calls its frame generator: its
+    ``checkpoint``'s, and the composable ``torch.distributed._composable.checkpoint``'s."""
+    name = TORCH_FRAME.__name__
+    found: list[tuple[Any, str]] = [(_tuc, name)]
+    try:
+        import torch.distributed._composable.checkpoint_activation as composable
+    except ImportError:  # torch built without distributed
+        return found
+    if getattr(composable, name, None) is TORCH_FRAME:
+        found.append((composable, name))
+    return found
+
+
+def torch_wrapper_function(name: str) -> Any:
+    """torch's ``checkpoint_wrapper`` or ``apply_activation_checkpointing`` (None without torch.distributed)."""
+    try:
+        import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as module
+    except ImportError:
+        return None
+    return getattr(module, name)

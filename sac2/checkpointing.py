@@ -15,7 +15,7 @@ from typing import Any, Callable, ContextManager, TypeVar, overload
 import torch
 import torch.utils.checkpoint as _tuc
 
-from sac2 import _compat
+from sac2 import _compat, frame
 from sac2.answers import as_policy
 from sac2.modes import CachingMode, ReplayMode
 from sac2.notices import count_forward
@@ -158,9 +158,49 @@ def _run(
     early_stop: bool,
     respect_saved_tensors_hooks: bool | None,
 ) -> Any:
-    """One checkpointed call: torch's checkpoint given exactly the options torch's own would pass on."""
+    """One checkpointed call: sac2's frame in eager, torch's checkpoint (its HOP) under torch.compile and for
+    ``use_reentrant=True``."""
+    if kwargs and not _OPTIONS.isdisjoint(kwargs):  # the decorator form passes them to the function, as torch's does
+        function, kwargs = functools.partial(function, **kwargs), {}
+    full = context_fn is _compat.noop_context_fn
+    if full:
+        count_forward()  # full AC through sac2: counted, so a check that sac2 runs holds for it too
+    if use_reentrant or torch.compiler.is_compiling():
+        return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), preserve_rng_state, context_fn,
+                                 determinism_check, debug, early_stop, respect_saved_tensors_hooks)
+    hooks = None if full else _compat.user_saved_tensors_hooks()
+    if hooks is None:
+        return frame.run(function, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
+                         determinism_check=determinism_check, debug=debug, early_stop=early_stop,
+                         respect_saved_tensors_hooks=respect_saved_tensors_hooks)
+    forwards: list[Any] = []
+    route = hooks if respect_saved_tensors_hooks else None
+    with_hooks = functools.partial(_contexts_with_hooks, context_fn, route, forwards)
+    out = frame.run(function, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=with_hooks,
+                    determinism_check=determinism_check, debug=debug, early_stop=early_stop,
+                    respect_saved_tensors_hooks=respect_saved_tensors_hooks)
+    if respect_saved_tensors_hooks is None and any(_saved_something(f) for f in forwards):
+        warnings.warn(_HOOKS_BYPASSED, FutureWarning, stacklevel=3)
+    return out
+
+
+def _torch_checkpoint(
+    function: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    use_reentrant: bool,
+    preserve_rng_state: bool,
+    context_fn: ContextFn,
+    determinism_check: str,
+    debug: bool,
+    early_stop: bool,
+    respect_saved_tensors_hooks: bool | None,
+) -> Any:
+    """torch's own checkpoint: its reentrant frame, or, under torch.compile, what dynamo turns into its HOP (which
+    rejects torch's default context_fn passed in, and needs the user's own; saved-tensor hooks are skipped under
+    compile, as in torch)."""
     options: dict[str, Any] = dict(
-        use_reentrant=bool(use_reentrant),
+        use_reentrant=use_reentrant,
         preserve_rng_state=preserve_rng_state,
         determinism_check=determinism_check,
         debug=debug,
@@ -168,10 +208,6 @@ def _run(
     )
     if respect_saved_tensors_hooks is not None and _TORCH_TAKES_HOOKS_FLAG:
         options["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
-    if _OPTIONS & kwargs.keys():  # the decorator form passes them to the function, as torch's does
-        function, kwargs = functools.partial(function, **kwargs), {}
-    if context_fn is _compat.noop_context_fn:
-        count_forward()  # full AC through sac2: counted, so a check that sac2 runs holds for it too
     if use_reentrant:
         if context_fn is not _compat.noop_context_fn:
             raise ValueError(
@@ -183,20 +219,9 @@ def _run(
                 "Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when "
                 "use_reentrant=False."
             )
-        return _tuc.checkpoint(function, *args, **options, **kwargs)
-    if context_fn is _compat.noop_context_fn:
-        return _tuc.checkpoint(function, *args, **options, **kwargs)  # dynamo rejects the default passed in
-    # Under torch.compile hooks are skipped, as in torch, and dynamo needs the user's context_fn itself.
-    hooks = None if torch.compiler.is_compiling() else _compat.user_saved_tensors_hooks()
-    if hooks is None:
-        return _tuc.checkpoint(function, *args, context_fn=context_fn, **options, **kwargs)
-    forwards: list[Any] = []
-    route = hooks if respect_saved_tensors_hooks else None
-    with_hooks = functools.partial(_contexts_with_hooks, context_fn, route, forwards)
-    out = _tuc.checkpoint(function, *args, context_fn=with_hooks, **options, **kwargs)
-    if respect_saved_tensors_hooks is None and any(_saved_something(f) for f in forwards):
-        warnings.warn(_HOOKS_BYPASSED, FutureWarning, stacklevel=3)
-    return out
+    elif context_fn is not _compat.noop_context_fn:
+        options["context_fn"] = context_fn
+    return _tuc.checkpoint(function, *args, **options, **kwargs)
 
 
 def _contexts_with_hooks(context_fn: ContextFn, hooks: Any, forwards: list) -> tuple[ContextManager, ContextManager]:

@@ -1,29 +1,24 @@
-"""``install()``: make code that calls torch's checkpoint API run sac2's modes, without editing that code.
+"""``install()``: code that calls torch's checkpoint API runs sac2, without editing that code.
 
-Frameworks import torch's names into their own modules (``from torch.utils.checkpoint import checkpoint`` in
-transformers, ``create_selective_checkpoint_contexts`` and ``checkpoint_wrapper as ptd_checkpoint_wrapper`` in
-torchtitan and TRL), so changing one import line of your own code changes nothing inside them. ``install()``
-rebinds, while it is in effect:
+torch's ``checkpoint`` function stays exactly torch's: its signature, its defaults and warnings, its reentrant
+path, and its identity, which torch.compile's dynamo special-cases (``torch.utils.checkpoint.checkpoint`` becomes
+the ``tag_activation_checkpoint`` HOP; a fullgraph compile of torch's own ``CheckpointWrapper`` depends on it).
+What ``install()`` swaps is what sac2 changes, underneath that API:
 
-- torch's public entry points: ``torch.utils.checkpoint.checkpoint`` and ``create_selective_checkpoint_contexts``,
-  ``checkpoint_wrapper`` and ``apply_activation_checkpointing`` of
-  ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``;
-- every name, in every imported module outside ``torch`` and ``sac2``, that *is* one of those torch functions
-  (found by scanning ``sys.modules``, so a module that binds them under another name is found too); modules imported
-  later get sac2's because the torch attributes they import from are rebound.
+- the eager non-reentrant frame: torch's ``checkpoint`` (and the composable ``checkpoint(module)``) call a
+  generator module global for it, which ``install()`` points at sac2's frame (``sac2.frame.frames``). Under
+  torch.compile, export or FX tracing sac2's frame hands over to torch's own, so compiled code is unchanged;
+- ``create_selective_checkpoint_contexts``: torch's public name, and every name in an imported module outside
+  torch and sac2 that *is* torch's function (``sys.modules`` is scanned, so a module that bound it under another
+  name at import time is found too), now make sac2's modes;
+- ``checkpoint_wrapper`` and ``apply_activation_checkpointing`` (torch's public names and their copies in client
+  modules) build sac2's wrappers, whose ``context_fn`` keeps sac2's contexts after ``uninstall()``: a plain function
+  such as torchtitan's ``lambda: create_selective_checkpoint_contexts(policy)`` looks the name up in its module on
+  every call, so the wrapper keeps a copy of it whose globals bind that name to sac2's for good.
 
-Each is rebound to a forwarding function of this module (``sac2.integrations.rebinding.checkpoint``, ...) that runs
-sac2's counterpart. Callables handed to them that still lead to torch's functions are redirected as well: torch's
-``create_selective_checkpoint_contexts`` (or a ``functools.partial`` of it) as ``context_fn``, and a plain function
-such as torchtitan's ``lambda: create_selective_checkpoint_contexts(policy)``, which looks the name up in its
-module on every call: the wrapper keeps a copy of it whose globals bind the name to sac2's, so modules wrapped while
-installed keep running sac2 after ``uninstall()``.
-
-``uninstall()`` (or leaving the ``with`` block) puts torch's function back in every place that holds a forwarding
-function of this module, including modules imported after ``install()``. Objects built while installed that hold a
-forwarding function (HF's ``functools.partial(checkpoint, ...)`` made by ``gradient_checkpointing_enable``) keep it
-and keep running sac2. What was bound *before* ``install()`` inside objects, not modules, is not reached: call
-``install()`` before ``gradient_checkpointing_enable`` and before building the ``Trainer``.
+``uninstall()`` (or leaving the ``with`` block) puts torch's objects back everywhere, in modules imported since
+``install()`` too. Code that still calls torch's ``checkpoint`` then runs torch's frame again; sac2 wrappers built
+while installed keep running sac2.
 """
 
 from __future__ import annotations
@@ -37,85 +32,41 @@ from typing import Any, Callable, Iterator
 
 import torch.utils.checkpoint as _tuc
 
-import sac2
-
-try:
-    import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as _tcw
-except ImportError:  # torch built without distributed
-    _tcw = None
+from sac2 import _compat, frame
+from sac2.checkpointing import create_selective_checkpoint_contexts as _sac2_contexts
+from sac2.wrappers import CheckpointImpl
+from sac2.wrappers import apply_activation_checkpointing as _sac2_apply
+from sac2.wrappers import checkpoint_wrapper as _sac2_wrapper
 
 __all__ = [
     "install",
     "installed",
     "Installation",
-    "checkpoint",
     "create_selective_checkpoint_contexts",
     "checkpoint_wrapper",
     "apply_activation_checkpointing",
 ]
 
-_TORCH_CHECKPOINT = _tuc.checkpoint
 _TORCH_CONTEXTS = _tuc.create_selective_checkpoint_contexts
-
-
-class _State(threading.local):
-    entering_sac2: bool = False
-
-
-_state = _State()
-
-
-def _entered(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function``, clearing the "inside sac2.checkpoint's own call of torch" flag when it runs, so that a
-    checkpoint nested in it goes through sac2 again."""
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        _state.entering_sac2 = False
-        return function(*args, **kwargs)
-
-    return run
-
-
-def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """What ``torch.utils.checkpoint.checkpoint`` is while sac2 is installed: ``sac2.checkpoint``.
-
-    ``sac2.checkpoint`` hands its frame work to torch's checkpoint; that call, which finds this function under
-    torch's name, goes to torch's original.
-    """
-    if _state.entering_sac2:
-        _state.entering_sac2 = False
-        return _TORCH_CHECKPOINT(function, *args, **kwargs)
-    if "context_fn" in kwargs:
-        kwargs["context_fn"] = _redirect(kwargs["context_fn"])
-    _state.entering_sac2 = True
-    try:
-        return sac2.checkpoint(_entered(function), *args, **kwargs)
-    finally:
-        _state.entering_sac2 = False
 
 
 def create_selective_checkpoint_contexts(policy_fn_or_list: Any, allow_cache_entry_mutation: bool = False) -> Any:
     """What torch's ``create_selective_checkpoint_contexts`` is while sac2 is installed: sac2's."""
-    return sac2.create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mutation)
+    return _sac2_contexts(policy_fn_or_list, allow_cache_entry_mutation)
 
 
 def checkpoint_wrapper(
     module: Any,
-    checkpoint_impl: Any = None,
+    checkpoint_impl: Any = CheckpointImpl.NO_REENTRANT,
     checkpoint_fn: Callable[..., Any] | None = None,
     **checkpoint_fn_kwargs: Any,
 ) -> Any:
-    """What torch's ``checkpoint_wrapper`` is while sac2 is installed: ``sac2.checkpoint_wrapper``.
-
-    ``checkpoint_impl=None`` means torch's default, ``CheckpointImpl.NO_REENTRANT``.
-    """
-    if checkpoint_impl is None:
-        checkpoint_impl = sac2.CheckpointImpl.NO_REENTRANT
+    """What torch's ``checkpoint_wrapper`` is while sac2 is installed: ``sac2.checkpoint_wrapper``."""
     if checkpoint_fn is not None:
         checkpoint_fn = _redirect(checkpoint_fn)
     if "context_fn" in checkpoint_fn_kwargs:
         checkpoint_fn_kwargs["context_fn"] = _redirect(checkpoint_fn_kwargs["context_fn"])
-    return sac2.checkpoint_wrapper(module, checkpoint_impl, checkpoint_fn, **checkpoint_fn_kwargs)
+    return _sac2_wrapper(module, checkpoint_impl, checkpoint_fn, **checkpoint_fn_kwargs)
 
 
 def apply_activation_checkpointing(
@@ -125,27 +76,36 @@ def apply_activation_checkpointing(
     auto_wrap_policy: Any = None,
 ) -> None:
     """What torch's ``apply_activation_checkpointing`` is while sac2 is installed: sac2's."""
-    sac2.apply_activation_checkpointing(model, _redirect(checkpoint_wrapper_fn), check_fn, auto_wrap_policy)
+    _sac2_apply(model, _redirect(checkpoint_wrapper_fn), check_fn, auto_wrap_policy)
 
 
-#: torch's function -> the forwarding function that replaces it, and the places torch exposes them publicly.
+def _frames(function: Callable[..., Any], args: tuple, kwargs: dict, *, context_fn: Callable, **options: Any) -> Any:
+    """sac2's frame, for torch's ``checkpoint``: a ``context_fn`` that leads to torch's contexts gets sac2's."""
+    return frame.frames(function, args, kwargs, context_fn=_redirect(context_fn), **options)
+
+
+#: sac2's frame in the calling convention of torch's frame generator on this torch.
+_FRAME = _compat.as_torch_frame(_frames)
+
+#: torch's function -> its replacement, for the functions client modules may bind.
 _REPLACEMENTS: dict[int, tuple[Callable, Callable]] = {
-    id(_TORCH_CHECKPOINT): (_TORCH_CHECKPOINT, checkpoint),
     id(_TORCH_CONTEXTS): (_TORCH_CONTEXTS, create_selective_checkpoint_contexts),
 }
-_ENTRY_POINTS: list[tuple[types.ModuleType, str]] = [
-    (_tuc, "checkpoint"),
-    (_tuc, "create_selective_checkpoint_contexts"),
-]
-if _tcw is not None:
-    _REPLACEMENTS[id(_tcw.checkpoint_wrapper)] = (_tcw.checkpoint_wrapper, checkpoint_wrapper)
-    _REPLACEMENTS[id(_tcw.apply_activation_checkpointing)] = (
-        _tcw.apply_activation_checkpointing,
-        apply_activation_checkpointing,
-    )
-    _ENTRY_POINTS += [(_tcw, "checkpoint_wrapper"), (_tcw, "apply_activation_checkpointing")]
-#: forwarding function -> torch's function it replaces.
+#: (module, attribute) of torch's own bindings: the public entry points and the frame generator's callers.
+_ENTRY_POINTS: list[tuple[types.ModuleType, str]] = [(_tuc, "create_selective_checkpoint_contexts")]
+for _module, _attr in _compat.torch_frame_bindings():
+    _REPLACEMENTS.setdefault(id(_compat.TORCH_FRAME), (_compat.TORCH_FRAME, _FRAME))
+    _ENTRY_POINTS.append((_module, _attr))
+for _name, _ours in (("checkpoint_wrapper", checkpoint_wrapper),
+                     ("apply_activation_checkpointing", apply_activation_checkpointing)):
+    _theirs = _compat.torch_wrapper_function(_name)
+    if _theirs is not None:
+        _REPLACEMENTS[id(_theirs)] = (_theirs, _ours)
+        _ENTRY_POINTS.append((sys.modules[_theirs.__module__], _name))
+#: replacement -> torch's object it replaces.
 _ORIGINALS: dict[int, tuple[Callable, Callable]] = {id(new): (new, old) for old, new in _REPLACEMENTS.values()}
+#: The functions client modules bind (the frame generator is torch's business only).
+_CLIENT_FUNCTIONS = frozenset(k for k, (old, _) in _REPLACEMENTS.items() if old is not _compat.TORCH_FRAME)
 
 _pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -159,7 +119,7 @@ def _redirect(fn: Any) -> Any:
         func = _redirect(fn.func)
         args = tuple(_redirect(a) if callable(a) else a for a in fn.args)
         keywords = {k: _redirect(v) if callable(v) else v for k, v in fn.keywords.items()}
-        if func is fn.func and all(a is b for a, b in zip(args, fn.args)) and all(
+        if func is fn.func and all(a is b for a, b in zip(args, fn.args, strict=True)) and all(
             keywords[k] is fn.keywords[k] for k in keywords
         ):
             return fn
@@ -171,7 +131,7 @@ def _redirect(fn: Any) -> Any:
 
 def _pin_globals(fn: types.FunctionType) -> types.FunctionType:
     """``fn``, or a copy of it whose globals bind each global name it uses that means a torch checkpoint function
-    (or its forwarding function) to the forwarding function for good."""
+    (or its replacement) to the replacement for good."""
     cached = _pinned.get(fn)
     if cached is not None:
         return cached
@@ -207,38 +167,45 @@ def _client_namespaces() -> Iterator[tuple[str, dict]]:
             yield name, namespace
 
 
+def _is(table: dict[int, tuple[Callable, Callable]], value: Any) -> bool:
+    hit = table.get(id(value))
+    return hit is not None and hit[0] is value
+
+
 def _bindings() -> Iterator[tuple[str, dict, str, Any]]:
-    """(qualified name, namespace, name, value) of every binding of a torch checkpoint function or its
-    forwarding function: torch's public entry points first, then the client modules'."""
+    """(qualified name, namespace, name, value) of every binding of a torch object ``install()`` replaces, or of
+    its replacement: torch's own bindings first, then the client modules'."""
     for module, attr in _ENTRY_POINTS:
         yield f"{module.__name__}.{attr}", module.__dict__, attr, module.__dict__.get(attr)
     for modname, namespace in _client_namespaces():
         for attr, value in list(namespace.items()):
             key = id(value)
-            if (key in _REPLACEMENTS and _REPLACEMENTS[key][0] is value) or (
-                key in _ORIGINALS and _ORIGINALS[key][0] is value
+            if (key in _CLIENT_FUNCTIONS and _is(_REPLACEMENTS, value)) or (
+                _is(_ORIGINALS, value) and id(_ORIGINALS[key][1]) in _CLIENT_FUNCTIONS
             ):
                 yield f"{modname}.{attr}", namespace, attr, value
 
 
 def installed() -> dict[str, str]:
-    """Where each binding of torch's checkpoint functions points now: ``{"module.name": "sac2" or "torch"}``.
+    """Where each binding ``install()`` manages points now: ``{"module.name": "sac2" or "torch"}``.
 
-    Covers torch's public entry points and every imported module outside torch and sac2 that binds one of them
-    (e.g. ``transformers.modeling_utils.checkpoint``, ``torchtitan.distributed.activation_checkpoint.
-    ptd_checkpoint_wrapper``). With sac2 installed every value is ``"sac2"``.
+    Covers torch's frame generator (``torch.utils.checkpoint._checkpoint_without_reentrant_generator...``) and its
+    public ``create_selective_checkpoint_contexts``, ``checkpoint_wrapper`` and ``apply_activation_checkpointing``,
+    and every imported module outside torch and sac2 that binds one of those three functions (e.g.
+    ``torchtitan.distributed.activation_checkpoint.ptd_checkpoint_wrapper``). With sac2 installed every value is
+    ``"sac2"``.
     """
     return {qualname: "sac2" if id(value) in _ORIGINALS else "torch" for qualname, _, _, value in _bindings()}
 
 
-_active: list["Installation"] = []
+_active: list[Installation] = []
 _lock = threading.Lock()
 
 
 class Installation:
     """The handle ``install()`` returns: ``verify()`` checks it, ``uninstall()`` (or leaving ``with``) undoes it.
 
-    ``rebound`` names every binding this installation changed from torch's function to sac2's.
+    ``rebound`` names every binding this installation changed from torch's object to sac2's.
     """
 
     def __init__(self) -> None:
@@ -249,9 +216,8 @@ class Installation:
         with _lock:
             rebound = []
             for qualname, namespace, attr, value in list(_bindings()):
-                hit = _REPLACEMENTS.get(id(value))
-                if hit is not None and hit[0] is value:
-                    namespace[attr] = hit[1]
+                if _is(_REPLACEMENTS, value):
+                    namespace[attr] = _REPLACEMENTS[id(value)][1]
                     rebound.append(qualname)
             self.rebound = tuple(rebound)
             self.active = True
@@ -259,7 +225,7 @@ class Installation:
 
     def verify(self) -> dict[str, str]:
         """``installed()``, after checking that this installation is in effect and that no binding points at
-        torch's functions; raises ``RuntimeError`` naming them otherwise."""
+        torch's objects; raises ``RuntimeError`` naming them otherwise."""
         if not self.active:
             raise RuntimeError("sac2.integrations.install: this installation was uninstalled.")
         report = installed()
@@ -272,8 +238,8 @@ class Installation:
         return report
 
     def uninstall(self) -> None:
-        """Undo the installation. When the last active one goes, torch's function is put back in every module
-        binding that holds a forwarding function of sac2's (the rebound ones and those imported since)."""
+        """Undo the installation. When the last active one goes, torch's object is put back in every binding that
+        holds sac2's replacement (the rebound ones and those made since)."""
         with _lock:
             if not self.active:
                 return
@@ -282,11 +248,10 @@ class Installation:
             if _active:
                 return
             for _, namespace, attr, value in list(_bindings()):
-                hit = _ORIGINALS.get(id(value))
-                if hit is not None and hit[0] is value:
-                    namespace[attr] = hit[1]
+                if _is(_ORIGINALS, value):
+                    namespace[attr] = _ORIGINALS[id(value)][1]
 
-    def __enter__(self) -> "Installation":
+    def __enter__(self) -> Installation:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -298,18 +263,17 @@ class Installation:
 
 
 def install() -> Installation:
-    """Run sac2's checkpoint and modes wherever torch's checkpoint API is called, until ``uninstall()``.
+    """Run sac2's frame and modes wherever torch's checkpoint API is called, until ``uninstall()``.
 
     Use it for a whole run, before the framework enables checkpointing::
 
-        handle = sac2.integrations.install()
+        handle = sac2.install()
         model.gradient_checkpointing_enable(...)   # or Trainer(...).train(), SelectiveAC(...).apply(model)
         handle.verify()
 
-    or as a context manager (``with sac2.integrations.install(): ...``). Installations nest; torch's functions come
-    back when the last one is uninstalled.
+    or as a context manager (``with sac2.install(): ...``). Installations nest; torch's objects come back when the
+    last one is uninstalled.
     """
     handle = Installation()
     handle._install()
     return handle
-

@@ -1,20 +1,26 @@
-"""``sac2.integrations.install()`` on plain torch code (no client needed): what it rebinds and what it restores."""
+"""``sac2.install()`` on plain torch code (no client needed): torch's checkpoint API stays torch's, sac2 runs
+under it."""
 
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 import types
+import warnings
 
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
+from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as tcw
 
 import sac2
 from sac2.integrations import install, installed
 
-# Held in a tuple: install() rebinds every module-level name that is torch's function, this module's included.
-TORCH = types.SimpleNamespace(checkpoint=tuc.checkpoint, contexts=tuc.create_selective_checkpoint_contexts)
+# Held in a namespace: install() rebinds every module-level name that is one of torch's functions, this module's too.
+TORCH = types.SimpleNamespace(
+    checkpoint=tuc.checkpoint, contexts=tuc.create_selective_checkpoint_contexts, wrapper=tcw.checkpoint_wrapper
+)
 
 
 @pytest.fixture
@@ -37,23 +43,41 @@ def _block():
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
 
 
-def test_install_rebinds_names_a_module_bound_at_import_and_uninstall_restores_them(client):
+def _grads(run):
+    block = _block()
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    run(block, x).sum().backward()
+    return [x.grad, *(p.grad for p in block.parameters())]
+
+
+def _equal(a, b):
+    return len(a) == len(b) and all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+def test_torchs_checkpoint_function_keeps_its_identity_and_signature():
+    signature = inspect.signature(TORCH.checkpoint)
+    with install():
+        assert tuc.checkpoint is TORCH.checkpoint  # dynamo recognises it by identity
+        assert inspect.signature(tuc.checkpoint) == signature
+
+
+def test_install_rebinds_the_contexts_a_module_bound_at_import_and_uninstall_restores_them(client):
     with install() as handle:
-        assert client.ckpt is not TORCH.checkpoint
-        assert {"fake_client.ckpt", "fake_client.create_selective_checkpoint_contexts"} <= set(handle.rebound)
-    assert client.ckpt is TORCH.checkpoint
+        assert client.create_selective_checkpoint_contexts is not TORCH.contexts
+        assert "fake_client.create_selective_checkpoint_contexts" in handle.rebound
+        assert client.ckpt is TORCH.checkpoint
     assert client.create_selective_checkpoint_contexts is TORCH.contexts
-    assert tuc.checkpoint is TORCH.checkpoint
+    assert tuc.create_selective_checkpoint_contexts is TORCH.contexts
 
 
 def test_module_imported_while_installed_gets_torch_functions_back_on_uninstall():
     with install():
         module = types.ModuleType("late_client")
-        exec("from torch.utils.checkpoint import checkpoint", module.__dict__)
+        exec("from torch.utils.checkpoint import create_selective_checkpoint_contexts", module.__dict__)
         sys.modules["late_client"] = module
-        assert installed()["late_client.checkpoint"] == "sac2"
+        assert installed()["late_client.create_selective_checkpoint_contexts"] == "sac2"
     try:
-        assert module.checkpoint is TORCH.checkpoint
+        assert module.create_selective_checkpoint_contexts is TORCH.contexts
     finally:
         del sys.modules["late_client"]
 
@@ -62,16 +86,38 @@ def test_nested_installs_restore_torch_when_the_last_one_ends():
     outer = install()
     with install():
         pass
-    assert tuc.checkpoint is not TORCH.checkpoint
+    assert installed()["torch.utils.checkpoint.create_selective_checkpoint_contexts"] == "sac2"
     outer.uninstall()
-    assert tuc.checkpoint is TORCH.checkpoint
+    assert set(installed().values()) == {"torch"}
 
 
 def test_verify_raises_naming_a_binding_that_points_at_torch(client):
     with install() as handle:
-        client.ckpt = TORCH.checkpoint
-        with pytest.raises(RuntimeError, match="fake_client.ckpt"):
+        client.create_selective_checkpoint_contexts = TORCH.contexts
+        with pytest.raises(RuntimeError, match="fake_client.create_selective_checkpoint_contexts"):
             handle.verify()
+
+
+def test_torchs_full_checkpoint_under_install_runs_sac2s_frame_with_torchs_gradients():
+    expected = _grads(lambda block, x: TORCH.checkpoint(block, x, use_reentrant=False))
+    with install():
+        before = sac2.forward_count()
+        got = _grads(lambda block, x: tuc.checkpoint(block, x, use_reentrant=False))
+        assert sac2.forward_count() - before == 1
+    assert _equal(got, expected)
+
+
+def test_torchs_defaults_stay_torchs_under_install():
+    """``use_reentrant`` left out: torch's own warning and default, installed or not."""
+    def caught():
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            tuc.checkpoint(_block(), torch.randn(2, 8, requires_grad=True)).sum().backward()
+        return [str(w.message) for w in seen if "use_reentrant" in str(w.message)]
+
+    expected = caught()
+    with install():
+        assert caught() == expected
 
 
 def test_torch_checkpoint_call_under_install_runs_sac2_modes_also_when_nested():
@@ -92,13 +138,34 @@ def test_torch_checkpoint_call_under_install_runs_sac2_modes_also_when_nested():
 
 def test_lambda_context_fn_wrapped_while_installed_keeps_sac2_after_uninstall(client):
     """torchtitan's pattern: ``lambda: create_selective_checkpoint_contexts(policy)`` looked up per forward."""
-    import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as tcw
-
-    torch_wrapper = (tcw.checkpoint_wrapper,)
     with install():
         wrapped = tcw.checkpoint_wrapper(_block(), context_fn=client.context_fn(sac2.policies.llm()))
     assert isinstance(wrapped, sac2.CheckpointWrapper)
-    assert tcw.checkpoint_wrapper is torch_wrapper[0]
+    assert tcw.checkpoint_wrapper is TORCH.wrapper
     before = sac2.forward_count()
     wrapped(torch.randn(2, 8, requires_grad=True)).sum().backward()
     assert sac2.forward_count() - before == 1
+
+
+def _compiled_grads(route, policy):
+    block = _block()
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    if route == "function":
+        def run(x):
+            return tuc.checkpoint(block, x, use_reentrant=False, context_fn=policy)
+    else:
+        run = tcw.CheckpointWrapper(block, context_fn=policy)  # torch's class, built directly
+    torch._dynamo.reset()
+    torch.compile(run, backend="aot_eager", fullgraph=True)(x).sum().backward()
+    return [x.grad, *(p.grad for p in block.parameters())]
+
+
+@pytest.mark.parametrize("route", ["function", "torch's CheckpointWrapper"])
+def test_fullgraph_compile_of_torchs_checkpoint_under_install_matches_eager(route):
+    """dynamo turns torch's checkpoint into its HOP while sac2 is installed, whether called by name or by torch's
+    own ``CheckpointWrapper`` (which calls the function it imported)."""
+    policy = functools.partial(sac2.create_selective_checkpoint_contexts, sac2.policies.llm())
+    expected = _grads(lambda block, x: TORCH.checkpoint(block, x, use_reentrant=False))
+    with install():
+        got = _compiled_grads(route, policy)
+    assert all(torch.allclose(p, q) for p, q in zip(got, expected, strict=True))
