@@ -1,7 +1,7 @@
 """Per-op cost of selective checkpointing: sac2's modes against torch's stock SAC, full checkpointing and none.
 
 Single thread. Two workloads: a chain of 100 tiny pointwise ops (alternating sin and cos on 16 floats), where
-dispatch overhead is everything, and the tiny llama-style model of ``sac2.models`` (each block checkpointed).
+dispatch overhead is everything, and the tiny llama-style model of ``sac2.bench.models`` (each block checkpointed).
 Two policies: "save nothing" and a save list (cos for the chain; ``sac2.policies.llm_save_list()`` for the
 model). The modes take turns sample by sample in one process. Time is this thread's CPU time, so other processes
 competing for the cores do not count. Prints the median forward+backward time per op (ops counted in forward)
@@ -12,9 +12,9 @@ Beside each ratio it prints the floor: the same for a pair of do-nothing Python 
 forward, one for recompute, each just calling the op) in full checkpointing's ``context_fn``. No SAC built on
 Python dispatch modes can cost less than that.
 
-Then, from ``sac2.length_curve.curve``, the per-op cost of a 16-op and a 1,024-op region (the same chain, the same save
-list) under sac2 and stock SAC side by side, and how sac2's long-region cost compares with its short-region
-cost: ``sac2(1024) / sac2(16)``; the target is <= 1.15 (per-op cost does not grow with region length).
+Then, from ``sac2.bench.length_curve.curve``, the per-op cost of a 16-op and a 1,024-op region (the same chain, the
+same save list) under sac2 and stock SAC side by side, and how sac2's long-region cost compares with its
+short-region cost: ``sac2(1024) / sac2(16)``; the target is <= 1.15 (per-op cost does not grow with region length).
 
     python benchmarks/overhead.py [--repeat 30] [--lengths 16,1024]
 """
@@ -32,8 +32,8 @@ import torch.utils.checkpoint as tuc
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
-from sac2.length_curve import curve
-from sac2.models import CONFIGS, Transformer, random_tokens
+from sac2.bench.length_curve import curve
+from sac2.bench.models import CONFIGS, Transformer, random_tokens
 from sac2.policies import llm_save_list
 
 CHAIN_LEN = 100

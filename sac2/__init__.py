@@ -55,4 +55,4 @@ __all__ = [
 
 from sac2.integrations import install, installed  # noqa: E402  (they import sac2's public names)
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"

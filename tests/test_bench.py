@@ -11,7 +11,8 @@ from expecttest import TestCase
 
 from sac2 import bench
 from sac2.__main__ import main as cli_main
-from sac2.models import CONFIGS, REGION_NAMES, Transformer, random_tokens
+from sac2.bench import checkpoint_modes, cli, job
+from sac2.bench.models import CONFIGS, REGION_NAMES, Transformer, random_tokens
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ class TestRows(TestCase):
         names = [row.name for row in self._rows()]
         expected = ["none", "full", "stock SAC", "sac2 SAC", "sac2 every_other_matmul", "sac2 budget 0.3",
                     "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions", "sac2 regions attn"]
-        self.assertEqual(names, expected + (["torch_remat"] if bench.remat_available() else []))
+        self.assertEqual(names, expected + (["torch_remat"] if checkpoint_modes.remat_available() else []))
 
     def test_region_rows_wrap_the_model_and_save_only_regions(self):
         rows = {row.name: row for row in self._rows()}
@@ -139,7 +140,7 @@ class TestCompile(TestCase):
 
     def test_title_names_the_backend(self):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(bench, "run", lambda *a, **k: ([bench.Result("none", "-", [1.0])], []))
+            mp.setattr(cli, "run", lambda *a, **k: ([bench.Result("none", "-", [1.0])], []))
             stdout = io.StringIO()
             with contextlib.redirect_stdout(stdout):
                 bench.main(["--config", "tiny", "--steps", "1", "--compile", "--curve", ""])
@@ -165,7 +166,7 @@ class TestProgressBar(TestCase):
     def test_draws_on_a_terminal(self):
         err = _Terminal()
         with contextlib.redirect_stderr(err):
-            progress = bench._Progress(2)
+            progress = job._Progress(2)
             progress.step()
             progress.step()
         self.assertExpectedInline(
@@ -178,5 +179,5 @@ class TestProgressBar(TestCase):
     def test_stays_silent_when_stderr_is_not_a_terminal(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            bench._Progress(1).step()
+            job._Progress(1).step()
         self.assertEqual(err.getvalue(), "")

@@ -139,7 +139,7 @@ class TestOnTheBenchModel(TestCase):
     """The acceptance case: one block of the bench's ``small`` config (d=512, seq 256, batch 2)."""
 
     def setUp(self):
-        from sac2.models import CONFIGS, Transformer
+        from sac2.bench.models import CONFIGS, Transformer
 
         cfg = CONFIGS["small"]
         torch.manual_seed(0)

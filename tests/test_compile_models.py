@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sac2
-from sac2.models import CONFIGS, Transformer, random_tokens
+from sac2.bench.models import CONFIGS, Transformer, random_tokens
 
 from helpers import scaling_op
 

@@ -5,7 +5,7 @@ from expecttest import TestCase
 
 import sac2
 from sac2.answers import CheckpointPolicy
-from sac2.memory import Memory, measure_step
+from sac2.bench.memory import Memory, measure_step
 
 from helpers import COUNTED, contexts, counted_op, randn
 

@@ -45,6 +45,12 @@ def test_version_has_one_source():
     assert sac2.__version__ == importlib.metadata.version("sac2")
 
 
+def test_newest_changelog_section_is_this_version():
+    headings = [line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## ")]
+    assert headings, "CHANGELOG.md has no '## VERSION' section"
+    assert headings[0].split()[1] == sac2.__version__, f"newest section {headings[0]!r}, sac2 {sac2.__version__}"
+
+
 def test_ships_py_typed():
     assert (ROOT / "sac2" / "py.typed").is_file()
     assert "py.typed" in _pyproject()["tool"]["setuptools"]["package-data"]["sac2"]

@@ -21,7 +21,10 @@ import torch
 
 from sac2 import _compat
 
-__all__ = ["Memory", "measure_step"]
+__all__ = ["DEVICE_TYPES", "Memory", "measure_step"]
+
+#: The device types whose memory ``measure_step`` can measure.
+DEVICE_TYPES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,9 @@ def measure_step(forward: Callable[[], torch.Tensor], device: torch.device | str
         return _measure_cuda(forward, device)
     if device.type == "cpu":
         return _measure_cpu(forward)
-    raise ValueError(f"sac2.memory: cannot measure memory on {device}; supported devices are cpu and cuda.")
+    raise ValueError(
+        f"sac2.bench.memory: cannot measure memory on {device}; supported devices are {' and '.join(DEVICE_TYPES)}."
+    )
 
 
 def _measure_cuda(forward: Callable[[], torch.Tensor], device: torch.device) -> tuple[Memory, torch.Tensor]:

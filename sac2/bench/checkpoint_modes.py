@@ -1,0 +1,101 @@
+"""The checkpointing modes the bench compares, one ``Row`` each, built in one place (``rows()``, plain code).
+
+No checkpointing, full checkpointing, torch's stock SAC and sac2's SAC under the default LLM policy
+(``sac2.policies.llm()``), other sac2 policies (every other matmul, memory budgets), sac2 region-only policies (the
+model's matmuls and attention wrapped in ``sac2.region``s, a policy that names only ``sac2.Region``s), and
+torch_remat (the region-based peer, when it is installed) keeping the same calls in
+``remat.region(..., recompute=False)``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.utils.checkpoint as tuc
+from torch import nn
+
+import sac2
+from sac2.bench.length_curve import sac2_sac, stock_sac
+from sac2.bench.models import REGION_NAMES, RegionWrap, Transformer
+from sac2.policies import every_other_matmul, llm
+from sac2.policies.budget import memory_budget
+
+__all__ = ["RunBlock", "Row", "rows", "remat_available"]
+
+#: How a mode runs one block: ``run_block(block, x)`` returns the block's output.
+RunBlock = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
+def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return block(x)
+
+
+def _full(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return tuc.checkpoint(block, x, use_reentrant=False)
+
+
+def _sac2_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    return sac2.region(fn, name=name)
+
+
+def _remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+    """torch_remat's saved region around ``fn``; its outputs persist, since bare ops read them in recompute."""
+    import torch_remat as remat
+
+    saved = remat.region(fn, name, recompute=False)
+
+    def call(*args: Any) -> torch.Tensor:
+        out = saved(*args)
+        remat.recompute_needs_tensor(out)  # torch_remat's rule for an output a bare op (view, add) consumes
+        return out
+
+    return call
+
+
+def _remat(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    import torch_remat as remat
+
+    return remat.checkpoint(region_name="block")(block)(x)
+
+
+def remat_available() -> bool:
+    """Whether the optional peer ``torch_remat`` is installed (it needs torch 2.15)."""
+    return importlib.util.find_spec("torch_remat") is not None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One mode of the bench: its name, its policy in words, how it runs a block, and how the model wraps regions
+    (None: the default model)."""
+
+    name: str
+    policy: str
+    run_block: RunBlock
+    region: RegionWrap | None = None
+
+
+def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
+    """Every mode the bench runs, no checkpointing first; ``--compile`` runs the same rows compiled."""
+    default = llm()
+    out = [
+        Row("none", "-", _no_checkpoint),
+        Row("full", "recompute all", _full),
+        Row("stock SAC", repr(default), stock_sac(default)),
+        Row("sac2 SAC", repr(default), sac2_sac(default)),
+    ]
+    every_other = every_other_matmul()
+    out.append(Row("sac2 every_other_matmul", repr(every_other), sac2_sac(every_other)))
+    for fraction in (0.3, 0.5, 0.7):
+        budget = memory_budget(model.blocks[0], (example,), fraction)
+        out.append(Row(f"sac2 budget {fraction}", repr(budget), sac2_sac(budget)))
+    # Under compile a region is traced through and each of its nodes gets the policy's answer for the region.
+    regions = [sac2.Region(name) for name in REGION_NAMES]
+    attn = [r for r in regions if r.name.startswith("attn.")]
+    out.append(Row("sac2 regions", f"save {[r.name for r in regions]}", sac2_sac(regions), _sac2_region))
+    out.append(Row("sac2 regions attn", f"save {[r.name for r in attn]}", sac2_sac(attn), _sac2_region))
+    if remat_available():
+        out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, _remat_region))
+    return out

@@ -1,0 +1,140 @@
+"""``python -m sac2 bench``: train a small llama-style model under each checkpointing mode and compare them.
+
+The command line of the bench: it checks every argument before any work starts, so a misuse ends in one line
+naming what is wrong (argparse's ``error``, exit code 2), then runs the job (``sac2.bench.job``), prints the table
+and the per-op curve (``sac2.bench.length_curve``), and writes the JSON and the plot when asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from sac2.bench.job import ATOL, COMPILE_BACKEND, RTOL, run
+from sac2.bench.length_curve import CURVE_LENGTHS, curve, format_curve
+from sac2.bench.memory import DEVICE_TYPES
+from sac2.bench.models import CONFIGS
+from sac2.bench.output import format_table, plot
+
+__all__ = ["main"]
+
+
+def _is_positive_int(text: str) -> bool:
+    return text.strip().isdecimal() and int(text) > 0
+
+
+def _positive_int(text: str) -> int:
+    if not _is_positive_int(text):
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def _lengths(text: str) -> list[int]:
+    """``--curve``: region lengths ``N,N,...``; an empty list skips the curve."""
+    parts = [part for part in text.split(",") if part.strip()]
+    if not all(_is_positive_int(part) for part in parts):
+        raise argparse.ArgumentTypeError(f"must be positive integers separated by commas (e.g. 16,256), got {text!r}")
+    return [int(part) for part in parts]
+
+
+def _device(text: str) -> str:
+    """``--device``: a device the bench can run on and measure memory on, and that this machine has."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type not in DEVICE_TYPES:
+        raise argparse.ArgumentTypeError(
+            f"the bench measures memory on {' and '.join(DEVICE_TYPES)} only, not on {text!r}"
+        )
+    if device.type == "cuda":
+        if not torch.backends.cuda.is_built():
+            raise argparse.ArgumentTypeError(f"{text!r} needs a CUDA build of torch; this one was built without CUDA")
+        if not torch.cuda.is_available():
+            raise argparse.ArgumentTypeError(
+                f"{text!r} needs a GPU; torch sees none (torch.cuda.is_available() is False)"
+            )
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            visible = ", ".join(f"cuda:{i}" for i in range(count))
+            raise argparse.ArgumentTypeError(f"no device {text!r}; the visible CUDA devices are {visible}")
+    return text
+
+
+def _backend(text: str) -> str:
+    """``--backend``: a backend ``torch.compile`` has (the default needs no look-up, which imports dynamo)."""
+    if text != COMPILE_BACKEND and text not in torch.compiler.list_backends(exclude_tags=None):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a torch.compile backend (see torch.compiler.list_backends(exclude_tags=None))"
+        )
+    return text
+
+
+def _output_file(text: str) -> str:
+    """``--json``, ``--plot``: a file that can be created, checked now rather than after the whole run."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: it is a directory")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text!r}: directory {str(path.parent)!r} does not exist")
+    return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sac2 bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="small", help="model and batch shape")
+    parser.add_argument("--steps", type=_positive_int, default=5, help="timed steps per mode (after one memory step)")
+    parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--compile", action="store_true", help="run every row under torch.compile")
+    parser.add_argument("--backend", type=_backend,
+                        help=f"torch.compile backend, with --compile (default {COMPILE_BACKEND})")
+    parser.add_argument("--curve", type=_lengths, default=list(CURVE_LENGTHS), metavar="N,N,...",
+                        help="region lengths of the per-op curve ('' skips it; default %(default)s)")
+    parser.add_argument("--curve-repeat", type=_positive_int, default=5, help="samples per point of the per-op curve")
+    parser.add_argument("--json", type=_output_file, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--plot", type=_output_file, metavar="FILE",
+                        help="also plot memory against step time and the curve")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.backend is not None and not args.compile:
+        parser.error("argument --backend: applies only with --compile")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib: pip install 'sac2[plot]'")
+    backend = args.backend or COMPILE_BACKEND
+    results, notes = run(args.config, args.steps, args.device, compile=args.compile, backend=backend)
+    mode = f"torch.compile (backend {backend})" if args.compile else "eager"
+    title = f"sac2 bench: config {args.config}, {args.device}, {mode}, {args.steps} steps"
+    print(title)
+    print(format_table(results))
+    check = ("torch.allclose(atol=%g, rtol=%g)" % (ATOL, RTOL)) if args.compile else "bitwise (torch.equal)"
+    print(f"equal: loss and every gradient vs none, {check}")
+    print("memory: kept = allocated by forward and alive when backward starts; peak = forward+backward; "
+          "both above the step's start (sac2.bench.memory)")
+    curve_data = curve(args.curve, args.curve_repeat) if args.curve else None
+    if curve_data:
+        print(f"\nper-op cost vs region length, eager, {curve_data['policy']} ('!': gradient not bitwise equal)")
+        print(format_curve(curve_data))
+    for note in notes:
+        print(f"note: {note}")
+    if args.json:
+        base = results[0].median_s
+        rows_ = [{**asdict(r), "median_s": r.median_s, "ratio_to_none": r.median_s / base} for r in results]
+        payload = {"config": {"name": args.config, **asdict(CONFIGS[args.config])}, "device": args.device,
+                   "steps": args.steps, "torch": torch.__version__, "compile": args.compile,
+                   "backend": backend if args.compile else None, "check": check, "modes": rows_,
+                   "curve": curve_data, "notes": notes}
+        with open(args.json, "w") as f:
+            json.dump(payload, f, indent=2)
+    if args.plot:
+        plot(results, curve_data, args.plot, title)
+    return 0

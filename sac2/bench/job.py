@@ -1,0 +1,151 @@
+"""The bench's job: train a small llama-style model under every checkpointing mode and measure each one.
+
+Every mode (``sac2.bench.checkpoint_modes``) trains its own copy of one model on the same batches; the modes take
+turns step by step in one process (in a rotating order), so drift in machine speed hits all of them alike. Step 0
+of each mode measures memory (``sac2.bench.memory``) and is not timed (under ``compile`` an untimed compile step
+comes first). After every step, each mode's loss and gradients are compared to the no-checkpointing run's: bit for
+bit (``torch.equal``) in eager, ``torch.allclose`` under compile, where inductor may fuse a recomputed graph
+differently.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from sac2.bench.checkpoint_modes import Row, remat_available, rows
+from sac2.bench.memory import measure_step
+from sac2.bench.models import CONFIGS, Transformer, random_tokens
+
+__all__ = ["Result", "run", "COMPILE_BACKEND", "ATOL", "RTOL"]
+
+#: The backend ``compile`` uses unless ``backend`` says otherwise: torch.compile's default.
+COMPILE_BACKEND = "inductor"
+#: Tolerances of the correctness check under compile (eager is bitwise).
+ATOL, RTOL = 1e-5, 1e-4
+
+
+@dataclass
+class Result:
+    """One row of the table: a mode's step times, memory and whether it matched no checkpointing (``check`` says
+    how: "bitwise" or "allclose")."""
+
+    name: str
+    policy: str
+    step_s: list[float] = field(default_factory=list)
+    kept_bytes: int = 0
+    peak_bytes: int = 0
+    equal: bool = True
+    check: str = "bitwise"
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_s)
+
+
+class _Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.on = total, 0, sys.stderr.isatty()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.on:
+            filled = 30 * self.done // self.total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, bitwise: bool) -> bool:
+    return torch.equal(a, b) if bitwise else torch.allclose(a, b, atol=ATOL, rtol=RTOL)
+
+
+def _equal(model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor, bitwise: bool) -> bool:
+    if not _same(loss, ref_loss, bitwise):
+        return False
+    return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters()))
+
+
+def _model(base: Transformer, row: Row) -> Transformer:
+    """The row's own copy of ``base``: the same parameters, its calls wrapped in regions if the row says so."""
+    if row.region is None:
+        return copy.deepcopy(base)
+    model = Transformer(base.cfg, region=row.region).to(next(base.parameters()).device)
+    model.load_state_dict(base.state_dict())
+    return model
+
+
+def _forward(model: Transformer, row: Row, backend: str | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    forward = functools.partial(model, run_block=row.run_block)
+    return torch.compile(forward, backend=backend) if backend else forward
+
+
+def run(
+    config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 0, compile: bool = False,
+    backend: str = COMPILE_BACKEND,
+) -> tuple[list[Result], list[str]]:
+    """Train ``config`` for 1 + ``steps`` steps under every mode (each under ``torch.compile(backend=backend)`` if
+    ``compile``); return the rows and notes on the run."""
+    cfg = CONFIGS[config]
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    base = Transformer(cfg).to(dev)
+    gen = torch.Generator().manual_seed(seed)
+    example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, requires_grad=True)
+    notes: list[str] = []
+    if dev.type != "cuda":
+        notes.append(
+            "torch's own estimator-based greedy policy (torch.distributed._tools.sac_estimator) is not compared: "
+            "in torch 2.13 its runtime estimates need CUDA"
+        )
+    if not remat_available():
+        notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
+    modes = rows(base, example)
+    models = [_model(base, row) for row in modes]
+    forwards = [_forward(m, row, backend if compile else None) for m, row in zip(models, modes)]
+    optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
+    check = "allclose" if compile else "bitwise"
+    results = [Result(row.name, row.policy, check=check) for row in modes]
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
+        tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
+        for forward, model in zip(forwards, models):
+            forward(tokens, targets).backward()
+            model.zero_grad(set_to_none=True)
+    progress = _Progress((steps + 1) * len(modes))
+    for step in range(steps + 1):
+        tokens, targets = random_tokens(cfg, gen, dev)
+        losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)
+        shift = step % len(modes)
+        for i in [*range(shift, len(modes)), *range(shift)]:
+            forward = functools.partial(forwards[i], tokens, targets)
+            optims[i].zero_grad(set_to_none=True)
+            if step == 0:
+                memory, losses[i] = measure_step(forward, dev)
+                results[i].kept_bytes, results[i].peak_bytes = memory.kept, memory.peak
+            else:
+                sync()
+                start = time.perf_counter()
+                losses[i] = forward()
+                losses[i].backward()
+                optims[i].step()
+                sync()
+                results[i].step_s.append(time.perf_counter() - start)
+            progress.step()
+        for i in range(1, len(modes)):
+            results[i].equal &= _equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
+        if step == 0:
+            for opt in optims:
+                opt.step()
+    return results, notes
