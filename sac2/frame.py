@@ -154,6 +154,7 @@ class Frame:
         store: list = [None] * n
         count = 0
         early_stop = self.early_stop
+        finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
 
         def pack(x: Tensor) -> Tensor:
             nonlocal count
@@ -162,6 +163,8 @@ class Frame:
             if x.requires_grad:
                 x = x.detach()
             if i >= n:
+                if early_stop:  # the op that saved the last tensor finished (see below): stop
+                    raise _Stop
                 if not self.completed:  # a backward inside the forward, without early stop
                     self.ignore_mismatch = True
                     return x
@@ -171,8 +174,8 @@ class Frame:
                 )
             if holders[i]() is not None:
                 store[i] = x
-            if early_stop and count == n:
-                raise _Stop
+            if early_stop and count == n and (finish_op is None or not finish_op(_Stop)):
+                raise _Stop  # the last saved tensor is back; an op that writes into it finishes first
             return x
 
         inputs = [_compat.unpack_saved_tensor(a) for a in self.inputs]

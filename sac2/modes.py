@@ -20,19 +20,17 @@ from typing import Any, Callable
 import torch
 
 from sac2 import _compat, dispatch_flags, keys, writes
-from sac2 import offload as _offload
 from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, SaveList, decide, op_name
 from sac2.notices import DIVERGED as _DIVERGED
 from sac2.notices import count_forward, diverged, overlapping_write, unseen_writes, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
-from sac2.record import Record, Saved, keep, rng_before, rng_moved, served
+from sac2.record import Record, Saved, rng_before, rng_moved
 from sac2.regions import record_region, replay_region
 from sac2.tracing import Tracer
 
 __all__ = ["SacMode", "CachingMode", "ReplayMode"]
 
 Tensor = torch.Tensor
-_detach = _compat.detach_keeping_version
 _MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
 _CAST = torch.ops.aten._to_copy.default
 
@@ -116,10 +114,7 @@ class CachingMode(SacMode):
                 offload = policy in OFFLOADING
             entry = self._save(func, func, op, args, kwargs, out, None)
             if entry is not None:
-                if offload:
-                    entry.offload = True
-                self.record.saved_at.append(len(log))
-                log.append(entry)
+                self.record.add(entry, offload)
             else:
                 log.append(func)
             return out
@@ -168,9 +163,7 @@ class CachingMode(SacMode):
             entry = self._save(key, func, op, args, kwargs, out, before)
             if entry is not None:
                 entry.rng = rng_moved(rng)
-                entry.offload = True if offload else None
-                record.saved_at.append(len(log))
-                log.append(entry)
+                record.add(entry, offload)
                 return out
         log.append(key)
         return out
@@ -212,10 +205,7 @@ class CachingMode(SacMode):
     ) -> Saved | None:
         entry = Saved(key)
         if before is None and type(out) is Tensor and not op.writes:
-            # The common case (a functional aten op with one output), kept short: it is on the per-op path.
-            d = _detach(out)
-            entry.out = d
-            entry.tensors = (d,)
+            entry.keep_output(out)  # the common case (a functional aten op with one output)
         else:
             written = writes.writes_of(func, args, kwargs, out, before, op.writes)
             if written is None:
@@ -225,7 +215,7 @@ class CachingMode(SacMode):
                 if _compat.has_internal_overlap(t):
                     warn_once("overlap", key, overlapping_write(key))
                     return None
-            keep(entry, out, written)
+            entry.keep(out, written)
         self.record.track(entry)
         # In-place ops get their version bump from autograd after this returns: read versions at the next op.
         self._pending.append(entry)
@@ -259,10 +249,7 @@ class CachingMode(SacMode):
                 self._flush()
             record.stop_tracking()
             if exc_type is None and self._tracer is None:
-                record.drop_modified()
-                _offload.to_host(e for e in map(record.log.__getitem__, record.saved_at) if e.offload)
-                if self.saved_tensors_hooks is not None:
-                    record.pack(self.saved_tensors_hooks)
+                record.end_forward(self.saved_tensors_hooks)
         finally:
             super().__exit__(exc_type, exc, tb)
         error, self._policy_error = self._policy_error, None
@@ -279,14 +266,33 @@ class ReplayMode(SacMode):
         self._log = record.log
         self.allow_cache_entry_mutation = allow_cache_entry_mutation
         self._cursor = 0
+        self._stop: Callable[[], BaseException] | None = None
 
     def __enter__(self) -> ReplayMode:
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
+        self._stop = None
         super().__enter__()
-        log = self._log
-        _offload.prefetch(e for e in map(log.__getitem__, self.record.saved_at) if type(e) is Saved and e.offload)
-        self.record.unpack()
+        self.record.start_recompute()
         return self
+
+    def finish_op(self, stop: Callable[[], BaseException]) -> bool:
+        """Early stop, asked by the checkpoint frame when the last tensor the forward saved is saved again. If the
+        op saving it writes into its arguments, it runs (or is served) first, then ``stop()`` is raised: autograd
+        saves an op's inputs before the op runs, and a tensor the op then fills (``rrelu_with_noise``'s noise)
+        must be filled. Returns False when the frame should stop at once (as torch's frame always does)."""
+        i = self._cursor
+        if i >= len(self._log):
+            return False
+        entry = self._log[i]
+        if type(entry) is Saved:
+            writer = bool(entry.writes)
+        elif isinstance(entry, _compat.OpOverload):
+            writer = bool(info(entry).writes)
+        else:
+            writer = entry is _compat.TRITON_MUTATION
+        if writer:
+            self._stop = stop
+        return writer
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         if kwargs is None:
@@ -295,6 +301,10 @@ class ReplayMode(SacMode):
         kind = op.kind
         if kind == IGNORE:
             return op.call(*args, **kwargs)
+        if self._stop is not None:
+            stop, self._stop = self._stop, None
+            self.__torch_dispatch__(func, types, args, kwargs)
+            raise stop()
         key = func if kind != KEYED else keys.op_key(func, args)
         i = self._cursor
         try:
@@ -343,21 +353,7 @@ class ReplayMode(SacMode):
                     f"or pass allow_cache_entry_mutation=True to recompute it in backward."
                 )
             return func(*args, **kwargs)
-        if entry.offload is not None:
-            _offload.ready(entry)
-        entry.restore(args, kwargs)  # below autograd here: copy_ records nothing
-        if _compat.backward_keeps_graph():
-            out = served(entry.out, args, kwargs)  # another recompute serves this entry again
-            if entry.offload is not None:
-                _offload.release(entry)
-            return out
-        # The last recompute that can need this entry: hand over what it holds and let the record forget it,
-        # so its memory goes with the backward's own references (a later recompute would re-run the op).
-        self.record.log[i] = entry.key
-        out = entry.out
-        if type(out) is Tensor:
-            return out
-        return served(out, args, kwargs)
+        return self.record.serve(i, args, kwargs)  # below autograd here: restoring records nothing
 
     def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         """Serve what forward saved, else run the region (its one run in backward)."""
@@ -369,6 +365,7 @@ class ReplayMode(SacMode):
         cursor, n = self._cursor, len(self._log)
         while cursor < n and self.record.key_at(cursor) is _CAST:
             cursor += 1  # casts autocast's cache spared the recompute (see _realign)
+        self.record.end_recompute()
         super().__exit__(exc_type, exc, tb)
         if exc_type is None and cursor != n:
             raise RuntimeError(

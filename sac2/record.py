@@ -2,34 +2,40 @@
 
 The record is a plain list, one entry per op in call order: the op's replay key (recompute it) or a ``Saved``
 entry (serve it). A ``Saved`` entry holds detached aliases of what the op returned and wrote, the generator
-states around it, and, for CPU offload or user saved-tensor hooks, packed copies.
+states around it, and, for CPU offload or user saved-tensor hooks, the copies they made. Every change of an
+entry's state is a method of ``Saved`` or ``Record``.
 
 While the forward runs, the record also tracks which storages its saved entries live in. Any later write into
 one of those storages (an in-place op, ``out=``, a HOP or Triton kernel, through any alias: a view, a factory
 op's Python-side tensor, matmul's ``_unsafe_view``) makes the entry stale, so it is recomputed instead of served.
 The lookup is one dict access per written tensor: flat in the length of the region. Writes after the forward
-are seen through version counters, which every served alias shares.
+are seen through version counters, which every served alias shares; what a recompute itself does to a served
+alias (an in-place view op, replayed) is not such a write.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, writes
+from sac2 import _compat, offload, writes
 from sac2._compat import tree_map
 from sac2.answers import op_name
-from sac2.keys import Region
 from sac2.notices import stale_in_forward, warn_once
 
-__all__ = ["Saved", "Record", "keep", "served", "rng_before", "GeneratorState"]
+__all__ = ["Saved", "Record", "rng_before", "rng_moved", "GeneratorState"]
 
 Tensor = torch.Tensor
+Written = tuple[tuple[writes.Path, Tensor], ...]
+Hooks = tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]
 _detach = _compat.detach_keeping_version
 
 #: (generator, state before the op, state after it): serving moves the generator only from before to after.
 GeneratorState = tuple[torch.Generator, Tensor, Tensor]
+
+#: ``Saved.offload`` of an entry answered CPU_OFFLOAD whose forward is still running.
+PENDING = "pending"
 
 
 class _ArgRef:
@@ -41,10 +47,31 @@ class _ArgRef:
         self.path = path
 
 
-class Saved:
-    """A saved op in the record: its key, its detached outputs, what it wrote and the generator it moved."""
+class _Packed:
+    """What a user's pack hook returned for one tensor (any object: kept opaque for tree_map)."""
 
-    __slots__ = ("key", "out", "tensors", "versions", "writes", "rng", "offload", "stale", "hooks", "packed")
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class Saved:
+    """A saved op (or ``sac2.region`` call) in the record: what serving it in recompute needs.
+
+    ``out``: detached outputs, written arguments among them as ``_ArgRef``s. ``writes``: (path, detached tensor)
+    per argument the call wrote. ``tensors``/``versions``: the aliases watched for in-place changes and their
+    versions. ``unseen_writes``: a region wrote where sac2 cannot see, so replay runs it again. ``requires_grad``:
+    for regions, which outputs required grad (served ones must too). ``rng``: the generator it moved. ``offload``:
+    None, ``PENDING`` (answered CPU_OFFLOAD, the forward still running) or ``offload.Offloaded``. ``stale``: written
+    into later in the forward (recompute instead). ``hooks``/``packed``: the user's saved-tensor hooks and what
+    they hold while the entry is packed.
+    """
+
+    __slots__ = (
+        "key", "out", "tensors", "versions", "writes", "unseen_writes", "requires_grad", "rng", "offload", "stale",
+        "hooks", "packed",
+    )
 
     def __init__(self, key: Any) -> None:
         self.key = key
@@ -53,46 +80,74 @@ class Saved:
         # tracks makes its collections (which run during the forward) slower.
         self.tensors: tuple[Tensor, ...] = ()
         self.versions: tuple[int, ...] = ()
-        self.writes: tuple[tuple[writes.Path, Tensor], ...] | None = ()  # None: a region wrote where sac2 can't see
+        self.writes: Written = ()
+        self.unseen_writes = False
+        self.requires_grad: tuple[bool, ...] | None = None
         self.rng: GeneratorState | None = None
-        self.offload: Any = None  # True while a CPU_OFFLOAD entry's forward runs, then sac2.offload's state
-        self.stale = False  # written into later in the forward: recompute instead
-        self.hooks: tuple[Any, Any] | None = None  # the user's saved-tensor hooks the entry was packed with
+        self.offload: Any = None
+        self.stale = False
+        self.hooks: Hooks | None = None
         self.packed: Any = None
 
-    def record_versions(self) -> None:
-        self.versions = tuple([t._version for t in self.tensors])
+    # --- forward -----------------------------------------------------------------------------------------
+    def keep_output(self, out: Tensor) -> None:
+        """Keep a functional op's one output (the per-op short path)."""
+        d = _detach(out)
+        self.out = d
+        self.tensors = (d,)
+
+    def keep(self, out: Any, written: list[tuple[writes.Path, Tensor]]) -> None:
+        """Keep detached aliases of what the call wrote and of its outputs (written arguments among the outputs
+        become ``_ArgRef``s, served as the replayed arguments)."""
+        paths = {id(t): path for path, t in written}
+        self.writes = tuple([(path, _detach(t)) for path, t in written])
+        tensors: list[Tensor] = []
+        self.out = _detached(out, paths, tensors)
+        self.tensors = (*tensors, *(t for _, t in self.writes))
+
+    def keep_traced(self, out: Any) -> None:
+        """Keep what a traced op returned (torch.compile tracing: the partitioner decides what is kept, nothing
+        is watched)."""
+        self.out = tree_map(lambda x: _detach(x) if isinstance(x, Tensor) else x, out)
+
+    def keep_region(self, out: Any, written: list[tuple[writes.Path, Tensor]] | None) -> None:
+        """Keep a region call's outputs and writes (None: it wrote where sac2 cannot see, so replay runs it
+        again), and which outputs required grad."""
+        self.keep(out, written or [])
+        self.unseen_writes = written is None
+        ids = {id(t) for _, t in written or []}
+        leaves = (out,) if type(out) is Tensor else _compat.tree_leaves(out)
+        self.requires_grad = tuple(t.requires_grad for t in leaves if isinstance(t, Tensor) and id(t) not in ids)
+        self.record_versions()
 
     def watch(self, alias: Tensor) -> None:
         """Also see in-place writes through ``alias``, which shares a storage but not a version counter."""
         self.tensors += (_detach(alias),)
         self.versions += (alias._version,)
 
+    def record_versions(self) -> None:
+        self.versions = tuple([t._version for t in self.tensors])
+
     def modified(self) -> bool:
         if self.stale:
             return True
-        for t, v in zip(self.tensors, self.versions):
+        for t, v in zip(self.tensors, self.versions, strict=True):
             if t._version != v:
                 return True
         return False
 
-    def restore(self, args: tuple, kwargs: dict) -> None:
-        """Serving: leave the generator and the written arguments as running the op would have.
+    # --- between forward and backward ----------------------------------------------------------------------
+    def to_host(self) -> None:
+        """CPU_OFFLOAD, at the end of forward: hold pinned host copies only (nothing on a device: a plain save)."""
+        device = offload.cuda_device(self.tensors)
+        if device is None:
+            self.offload = None
+            return
+        self.offload = offload.to_host(self.out, self.writes, device)
+        self.out, self.writes = self.offload.host_out, self.offload.host_writes
+        self.tensors, self.versions = (), ()  # a copy cannot be modified in place by anyone else
 
-        The generator moves only when recompute is replaying forward's random stream (``preserve_rng_state``):
-        then it stands where it stood before the op. Otherwise backward leaves every generator alone.
-        """
-        if self.rng is not None:
-            gen, before, after = self.rng
-            if torch.equal(gen.get_state(), before):
-                gen.set_state(after)
-        for path, saved in self.writes:
-            target = writes.locate(args, kwargs, path)
-            if target.shape != saved.shape or target.stride() != saved.stride():
-                _resize_like(target, saved)  # an out= op resized its output: do as it did, layout included
-            target.copy_(saved)
-
-    def pack(self, hooks: tuple[Any, Any]) -> None:
+    def pack(self, hooks: Hooks) -> None:
         """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served."""
         pack_hook = hooks[0]
 
@@ -104,8 +159,10 @@ class Saved:
         self.out, self.writes = None, ()
         self.tensors, self.versions = (), ()  # what the hooks hold is theirs: sac2 no longer watches it
 
+    # --- recompute -----------------------------------------------------------------------------------------
     def unpack(self) -> None:
         """Put what the hooks kept back into the entry (the packed form stays, for another backward)."""
+        assert self.hooks is not None
         unpack_hook = self.hooks[1]
 
         def one(x: Any) -> Any:
@@ -115,22 +172,58 @@ class Saved:
         self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
         self.writes = tuple([(p, one(t)) for p, t in written])
 
+    def prefetch(self) -> None:
+        """Start copying an offloaded entry back to its device."""
+        self.out, self.writes = offload.to_device(self.offload)
+
+    def restore(self, args: tuple, kwargs: dict) -> None:
+        """Serving: leave the generator and the written arguments as running the op would have.
+
+        The generator moves only when recompute is replaying forward's random stream (``preserve_rng_state``):
+        then it stands where it stood before the op. Otherwise backward leaves every generator alone.
+        """
+        if isinstance(self.offload, offload.Offloaded):
+            offload.wait(self.offload, self.out, self.writes)
+        if self.rng is not None:
+            gen, before, after = self.rng
+            if torch.equal(gen.get_state(), before):
+                gen.set_state(after)
+        for path, saved in self.writes:
+            target = writes.locate(args, kwargs, path)
+            if target.shape != saved.shape or target.stride() != saved.stride():
+                _resize_like(target, saved)  # an out= op resized its output: do as it did, layout included
+            target.copy_(saved)
+
+    def serve(self, args: tuple, kwargs: dict) -> Any:
+        """Fresh aliases of the saved outputs (autograd attaches history to what a mode returns), the replayed
+        arguments in place of ``_ArgRef``s, and, for regions, the outputs' requires_grad as in forward."""
+        out = self.out
+        result = _detach(out) if type(out) is Tensor else _served(out, args, kwargs)
+        if self.requires_grad is not None:
+            fresh = [t for o, t in zip(_stored_leaves(out), _compat.tree_leaves(result), strict=True)
+                     if isinstance(o, Tensor)]
+            for t, requires_grad in zip(fresh, self.requires_grad, strict=True):
+                t.requires_grad_(requires_grad)
+        return result
+
+    def hand_over(self, args: tuple, kwargs: dict) -> Any:
+        """Serve for the last time: a single output tensor is handed over as it is (no fresh alias)."""
+        out = self.out
+        return out if type(out) is Tensor and self.requires_grad is None else self.serve(args, kwargs)
+
+    def release(self) -> None:
+        """After serving an offloaded entry another recompute may serve again: hold host copies only."""
+        if isinstance(self.offload, offload.Offloaded):
+            self.out, self.writes = self.offload.host_out, self.offload.host_writes
+            self.offload.event = None
+
 
 def _resize_like(target: Tensor, saved: Tensor) -> None:
     """Give ``target`` the sizes and strides of ``saved``, as an ``out=`` op resizing an empty output does (it may
     take its input's layout, e.g. a transposed one, which later ops such as matmul's reshape depend on)."""
-    extent = 1 + sum((n - 1) * st for n, st in zip(saved.shape, saved.stride()) if n > 0) if saved.numel() else 0
-    target.resize_(extent)
+    extent = 1 + sum((n - 1) * st for n, st in zip(saved.shape, saved.stride(), strict=True) if n > 0)
+    target.resize_(extent if saved.numel() else 0)
     target.as_strided_(saved.shape, saved.stride())
-
-
-class _Packed:
-    """What a user's pack hook returned for one tensor (any object: kept opaque for tree_map)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
 
 
 class Record:
@@ -140,28 +233,30 @@ class Record:
     ``by_storage`` maps each storage a saved entry holds to the entry holding it (a list when several do).
     """
 
-    __slots__ = ("log", "saved_at", "by_storage", "packed")
+    __slots__ = ("log", "saved_at", "by_storage", "packed", "offloaded", "served")
 
     def __init__(self) -> None:
         self.log: list[Any] = []
         self.saved_at: list[int] = []
         self.by_storage: dict[int, Saved | list[Saved]] = {}
         self.packed = False  # some entries are held by the user's saved-tensor hooks
+        self.offloaded: list[Saved] = []  # entries answered CPU_OFFLOAD
+        self.served: list[Saved] = []  # entries this recompute served and keeps for another
 
-    def pack(self, hooks: tuple[Any, Any]) -> None:
-        """At the end of forward: hand every saved entry not offloaded (ops and regions) to the user's hooks."""
-        for e in self.log:
-            # A region that wrote where sac2 cannot see runs again in recompute: it has nothing to hand over.
-            if type(e) is Saved and not e.offload and e.writes is not None:
-                e.pack(hooks)
-        self.packed = True
+    def add(self, entry: Saved, offloaded: bool = False) -> None:
+        """Append a saved op (``offloaded``: answered CPU_OFFLOAD)."""
+        if offloaded:
+            entry.offload = PENDING
+            self.offloaded.append(entry)
+        self.saved_at.append(len(self.log))
+        self.log.append(entry)
 
-    def unpack(self) -> None:
-        """At the start of each recompute: take back what the hooks hold (no-op when nothing was packed)."""
-        if self.packed:
-            for e in self.log:
-                if type(e) is Saved and e.hooks is not None:
-                    e.unpack()
+    def add_region(self, entry: Saved, offloaded: bool = False) -> None:
+        """Append a saved region call (its versions are final: it runs above autograd)."""
+        if offloaded and not entry.unseen_writes:
+            entry.offload = PENDING
+            self.offloaded.append(entry)
+        self.log.append(entry)
 
     def key_at(self, i: int) -> Any:
         e = self.log[i]
@@ -173,6 +268,7 @@ class Record:
         nth = sum(1 for j in range(i) if self.key_at(j) is key)
         return f"{op_name(key)} (call {nth} of that op, op {i} of the region)"
 
+    # --- stale tracking while the forward runs ---------------------------------------------------------------
     def track(self, entry: Saved) -> None:
         """Watch the storages ``entry`` holds for later writes in this forward."""
         by_storage = self.by_storage
@@ -188,7 +284,7 @@ class Record:
                 elif hit[-1] is not entry:
                     hit.append(entry)
 
-    def wrote(self, tensors: list[Tensor]) -> None:
+    def wrote(self, tensors: Iterable[Tensor]) -> None:
         """An op of the forward wrote into ``tensors``: saved entries holding their storages are stale."""
         by_storage = self.by_storage
         for t in tensors:
@@ -204,30 +300,63 @@ class Record:
         hit = self.by_storage.get(_compat.storage_id(t))
         return [hit] if type(hit) is Saved else (hit or [])
 
+    # --- the end of forward, the start and end of each recompute ---------------------------------------------
     def stop_tracking(self) -> None:
         self.by_storage = {}
 
-    def drop_modified(self) -> None:
-        """At the end of forward: saved outputs a later op wrote into are recomputed instead (warned once)."""
+    def end_forward(self, hooks: Hooks | None) -> None:
+        """Recompute the saved outputs a later op wrote into (warned once), move offloaded entries to the host,
+        and hand the rest to the user's saved-tensor hooks (``respect_saved_tensors_hooks=True``)."""
         kept = []
         for i in self.saved_at:
             entry = self.log[i]
-            if type(entry.key) is not Region and entry.modified():  # regions: replay_region checks them
+            if entry.modified():
                 warn_once("modified-in-forward", entry.key, stale_in_forward(self.describe(i), bool(entry.writes)))
+                entry.stale = True
                 self.log[i] = entry.key
             else:
                 kept.append(i)
         self.saved_at = kept
+        for entry in self.offloaded:
+            if not entry.stale:
+                entry.to_host()
+        self.offloaded = [e for e in self.offloaded if isinstance(e.offload, offload.Offloaded)]
+        if hooks is not None:
+            for e in self.log:
+                # A region that wrote where sac2 cannot see runs again in recompute: it has nothing to hand over.
+                if type(e) is Saved and e.offload is None and not e.unseen_writes:
+                    e.pack(hooks)
+            self.packed = True
 
+    def start_recompute(self) -> None:
+        """Before each recompute: start copying offloaded entries back, take back what the hooks hold."""
+        for entry in self.offloaded:
+            entry.prefetch()
+        if self.packed:
+            for e in self.log:
+                if type(e) is Saved and e.hooks is not None:
+                    e.unpack()
 
-def keep(entry: Saved, out: Any, written: list[tuple[writes.Path, Tensor]]) -> None:
-    """Fill a saved entry: detached aliases of what the op wrote and of its outputs (written arguments among the
-    outputs become ``_ArgRef``s, served as the replayed arguments)."""
-    paths = {id(t): path for path, t in written}
-    entry.writes = tuple([(path, _detach(t)) for path, t in written])
-    tensors: list[Tensor] = []
-    entry.out = _detached(out, paths, tensors)
-    entry.tensors = (*tensors, *(t for _, t in entry.writes))
+    def serve(self, i: int, args: tuple, kwargs: dict) -> Any:
+        """Serve the entry at position ``i``: restore what it wrote and moved, return its outputs. While the
+        backward keeps its graph another recompute serves it again; otherwise the record forgets it, so its memory
+        goes with the backward's own references."""
+        entry = self.log[i]
+        entry.restore(args, kwargs)
+        if _compat.backward_keeps_graph():
+            out = entry.serve(args, kwargs)
+            entry.release()
+            self.served.append(entry)
+            return out
+        self.log[i] = entry.key  # a later recompute would run the op again
+        return entry.hand_over(args, kwargs)
+
+    def end_recompute(self) -> None:
+        """After each recompute: what the replay itself did to the entries it served and kept (a replayed
+        ``squeeze_`` bumps the version counter a served alias shares) is not a modification."""
+        for entry in self.served:
+            entry.record_versions()
+        self.served = []
 
 
 def rng_before(info_random: bool, args: tuple, kwargs: dict) -> tuple[torch.Generator, Tensor] | None:
@@ -274,22 +403,17 @@ def _detached(out: Any, written: dict[int, writes.Path], tensors: list[Tensor]) 
     return tree_map(one, out)
 
 
-def served(out: Any, args: tuple, kwargs: dict) -> Any:
-    """A fresh alias of each saved tensor (autograd attaches history to what a mode returns) and the replayed
-    arguments in place of ``_ArgRef``s."""
-
+def _served(out: Any, args: tuple, kwargs: dict) -> Any:
     def one(x: Any) -> Any:
         if type(x) is _ArgRef:
             return writes.locate(args, kwargs, x.path)
         return _detach(x) if isinstance(x, Tensor) else x
 
-    if type(out) is Tensor:
-        return _detach(out)
     if type(out) is tuple:
         return tuple(one(x) for x in out)
     return tree_map(one, out, is_leaf=lambda x: type(x) is _ArgRef)
 
 
-def stored_leaves(out: Any) -> list[Any]:
+def _stored_leaves(out: Any) -> list[Any]:
     """The leaves of a saved output, ``_ArgRef``s included."""
     return _compat.tree_leaves(out, is_leaf=lambda x: type(x) is _ArgRef)

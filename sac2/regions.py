@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import torch
 
-from sac2 import _compat, offload, writes
+from sac2 import _compat, writes
 from sac2.answers import SaveList
 from sac2.keys import Region
 from sac2.notices import DIVERGED, count_forward, unseen_writes, warn_once
-from sac2.record import Record, Saved, keep, rng_before, rng_moved, served, stored_leaves
+from sac2.record import Record, Saved, rng_before, rng_moved
 
 __all__ = ["record_region", "replay_region", "RegionForward", "RegionReplay", "region_only", "active"]
 
@@ -33,10 +33,9 @@ def record_region(
     record: Record, key: Region, save: bool, offload: bool, run: Callable, run_kept: Callable, args: tuple, kwargs: dict
 ) -> Any:
     """Run a region call in forward and append its entry to ``record``: its key, or a ``Saved`` entry."""
-    log = record.log
     if not save:
         out = run(*args, **kwargs)
-        log.append(key)
+        record.log.append(key)
         return out
     before = writes.tensor_versions(args, kwargs)
     with _compat.no_modes():
@@ -44,22 +43,12 @@ def record_region(
     out = run_kept(*args, **kwargs)
     entry = Saved(key)
     written = writes.writes_of(key, args, kwargs, out, before)
-    keep(entry, out, written or [])
-    # Which outputs required grad: served ones must too, or recompute saves less than forward did.
-    ids = {id(t) for _, t in written or []}
-    leaves = (out,) if type(out) is Tensor else _compat.tree_leaves(out)
-    grads = tuple(t.requires_grad for t in leaves if isinstance(t, Tensor) and id(t) not in ids)
-    entry.out = (entry.out, grads)
+    entry.keep_region(out, written)
     with _compat.no_modes():
         entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
-    entry.record_versions()
     if written is None:
         warn_once("unseen-writes", key, unseen_writes(key))
-        entry.writes = None  # what it wrote is unknown: replay runs it again instead of serving
-    elif offload:
-        entry.offload = True
-        record.saved_at.append(len(log))
-    log.append(entry)
+    record.add_region(entry, offload)
     return out
 
 
@@ -77,7 +66,7 @@ def replay_region(
             f"sac2: recompute diverged from forward at op {i} of the region: forward ran {ran}, recompute ran "
             f"region {key.name!r}. {DIVERGED}"
         )
-    if entry.writes is None:
+    if entry.unseen_writes:
         return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
     if entry.modified():
         warn_once(
@@ -88,18 +77,8 @@ def replay_region(
             f"Have the policy recompute it to silence this warning.",
         )
         return run_kept(*args, **kwargs)
-    if entry.offload is not None:
-        offload.ready(entry)
     with torch.no_grad(), _compat.no_modes():  # a region runs above autograd and the modes
-        entry.restore(args, kwargs)
-    out, grads = entry.out
-    result = served(out, args, kwargs)
-    fresh = [t for o, t in zip(stored_leaves(out), _compat.tree_leaves(result)) if isinstance(o, Tensor)]
-    for t, requires_grad in zip(fresh, grads):
-        t.requires_grad_(requires_grad)
-    if entry.offload is not None:
-        offload.release(entry)
-    return result
+        return record.serve(i, args, kwargs)
 
 
 _local = threading.local()
@@ -143,8 +122,8 @@ class RegionForward(_Context):
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         super().__exit__(exc_type, *exc)
-        if exc_type is None and self.saved_tensors_hooks is not None:
-            self.record.pack(self.saved_tensors_hooks)
+        if exc_type is None:
+            self.record.end_forward(self.saved_tensors_hooks)
 
     def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
         return record_region(self.record, key, key in self.saves, False, run, run_kept, args, kwargs)
@@ -159,7 +138,7 @@ class RegionReplay(_Context):
 
     def __enter__(self) -> RegionReplay:
         self._cursor = 0
-        self.record.unpack()
+        self.record.start_recompute()
         return super().__enter__()  # type: ignore[return-value]
 
     def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
@@ -169,6 +148,7 @@ class RegionReplay(_Context):
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         super().__exit__(exc_type, *exc)
+        self.record.end_recompute()
         cursor, n = self._cursor, len(self.record.log)
         if exc_type is None and cursor < n:
             raise RuntimeError(

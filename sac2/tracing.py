@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from sac2 import _compat, keys
 from sac2.answers import CheckpointPolicy
 from sac2.opinfo import IGNORE, OpInfo
 from sac2.record import Saved
 
 __all__ = ["Tracer"]
-
-_detach = _compat.detach_keeping_version
 
 
 class Tracer:
@@ -44,7 +40,7 @@ class Tracer:
             else:
                 policy = self._region_policy(region, len(log))
             entry = Saved(key)
-            entry.out = _compat.tree_map(lambda x: _detach(x) if isinstance(x, torch.Tensor) else x, out)
+            entry.keep_traced(out)
             log.append(entry)
             return policy
 
