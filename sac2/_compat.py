@@ -53,6 +53,7 @@ __all__ = [
     "storage_id",
     "has_internal_overlap",
     "op_packet",
+    "flop_formula",
     "default_generator",
     "allocation_sizes",
     "CheckpointImpl",
@@ -313,6 +314,13 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
 def op_packet(op: Any) -> Any:
     """The OpOverloadPacket of an OpOverload (``aten.mm`` for ``aten.mm.default``); the op itself otherwise."""
     return getattr(op, "_overloadpacket", op)
+
+
+def flop_formula(packet: Any) -> Callable[..., int] | None:
+    """torch's FLOP formula for an op packet (``torch.utils.flop_counter``'s registry), or None."""
+    from torch.utils.flop_counter import flop_registry
+
+    return flop_registry.get(packet)
 
 
 def default_generator(device: torch.device) -> torch.Generator:

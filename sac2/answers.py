@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Union
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
 from sac2 import _compat
-from sac2.keys import Region
+from sac2.keys import KEYED_OPS, Region, region_of
 
 __all__ = [
     "CheckpointPolicy",
@@ -121,7 +121,9 @@ class SaveList:
         self.ops = frozenset(ops)
 
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        return CheckpointPolicy.MUST_SAVE if op in self.ops else CheckpointPolicy.PREFER_RECOMPUTE
+        # As the modes' own lookup: a compiled callable given a name matches a Region of that name too.
+        saved = op in self.ops or (op in KEYED_OPS and region_of(op, args) in self.ops)
+        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     def __repr__(self) -> str:
         return f"SaveList({sorted(map(op_name, self.ops))})"

@@ -1,45 +1,48 @@
-"""Profile one forward: per op call, the activation bytes it would keep if saved and what recomputing it costs.
+"""Profile one forward: per op call, what sac2's forward keeps if the policy saves it, and what recomputing costs.
 
-The profile sees ops exactly as sac2's modes do (same op keys, same ignored ops), so its (op, call index) pairs
-are the positions a policy decides. Memory is counted per storage, as "activation memory kept for backward":
-an output costs the bytes of the storages it allocated; a view, an in-place write or an output aliasing an
-input, a parameter or an earlier output allocates nothing new. Cost is measured wall time (seconds, synchronised
-on accelerators), or a FLOP estimate where measuring is not possible (fake or meta tensors) or asked for:
-``torch.utils.flop_counter``'s formula where it knows the op, else one FLOP per output element.
+The profile runs the forward under sac2's own forward mode (``CachingMode``): the same op keys, the same ignored
+ops, the same rules for views, writes and stale outputs, the same record. It only adds a cost per recorded call
+and reads the record when the forward ends, so what a report or a budget says is kept is what the forward keeps.
+Memory is counted per storage, as "activation memory kept for backward": a saved call keeps the storages its
+record entry holds that the forward allocated (not those of inputs, parameters or other tensors from outside).
+Cost is measured wall time (seconds, synchronised on accelerators), or a FLOP estimate where measuring is not
+possible (fake or meta tensors) or asked for: ``torch.utils.flop_counter``'s formula where it knows the op, else one
+FLOP per output element.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils.flop_counter import flop_registry
 
-from sac2 import _compat, keys, writes
+from sac2 import _compat, keys
 from sac2._compat import TorchDispatchMode, tree_leaves
-from sac2.answers import CheckpointPolicy, ForwardContext, as_policy, decide, op_name
+from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, as_policy, is_save, op_name
 from sac2.checkpointing import checkpoint
-from sac2.modes import CachingMode, ReplayMode, SacMode
-from sac2.opinfo import IGNORE, info
+from sac2.modes import CachingMode, ReplayMode
+from sac2.opinfo import IGNORE, VIEW, info
 from sac2.record import Record, Saved
+from sac2.regions import record_region
 
-__all__ = ["OpCall", "Profile", "profile", "activation_memory"]
+__all__ = ["OpCall", "Profile", "profile", "activation_memory", "as_inputs"]
 
 Tensor = torch.Tensor
+RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
 
 
 @dataclass
 class OpCall:
-    """One op call of the profiled forward.
+    """One recorded op call of the profiled forward.
 
-    ``storages`` index ``Profile.storage_bytes``: the activation storages that saving this call keeps.
-    ``view``: the op only aliases its input (nothing to keep, nothing to recompute). ``stale``: saving cannot
-    hold what this call produced, because a later op of the forward writes into it or because it returns
-    nothing and writes where sac2 cannot see (sac2 recomputes such calls whatever the policy says).
-    ``decision`` is what the policy answered, when the forward was profiled with one.
+    ``index``: its call index among the calls with the same replay ``key``. ``storages`` index
+    ``Profile.storage_bytes``: the activation storages that saving this call keeps. ``view``: a view op (never
+    saved: re-running it is free). ``stale``: the forward would not keep it although asked to (a later op writes
+    into its output, or it wrote where sac2 cannot see). ``decision``: the policy's answer, when profiled with one;
+    ``saved``: whether the forward kept it.
     """
 
     key: Any
@@ -50,11 +53,12 @@ class OpCall:
     view: bool
     stale: bool = False
     decision: CheckpointPolicy | None = None
+    saved: bool = False
 
 
 @dataclass
 class Profile:
-    """The op calls of one forward, the bytes of each activation storage they allocated, and the cost unit."""
+    """The op calls of one forward, the bytes of each activation storage they hold, and the cost unit."""
 
     calls: list[OpCall]
     storage_bytes: list[int]
@@ -64,7 +68,7 @@ class Profile:
     @property
     def total_bytes(self) -> int:
         """Activation bytes kept by saving every op: the 100% that a budget fraction refers to."""
-        return sum(self.storage_bytes)
+        return self.kept_bytes(range(len(self.calls)))
 
     def kept_bytes(self, saved: Iterable[int]) -> int:
         """Activation bytes kept when the calls at positions ``saved`` are saved (stale ones are recomputed)."""
@@ -76,24 +80,44 @@ class Profile:
         served = {i for i in saved if not self.calls[i].stale}
         return sum(c.cost for i, c in enumerate(self.calls) if i not in served)
 
+    @property
+    def saved(self) -> list[int]:
+        """Positions of the calls the profiled forward kept (with the policy it was profiled with)."""
+        return [i for i, c in enumerate(self.calls) if c.saved]
+
+
+def as_inputs(example_inputs: Any) -> tuple:
+    """``example_inputs`` as a tuple of arguments: one tensor (or any non-sequence) is one argument."""
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def _save_everything(ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE
+
 
 def profile(
-    fn: Callable[..., Any], example_inputs: Sequence[Any], cost: str | None = None, policy: Any = None
+    fn: Callable[..., Any], example_inputs: Any, cost: str | None = None, policy: Any = None
 ) -> Profile:
-    """Run ``fn(*example_inputs)`` once and profile each op call; ask ``policy`` about each if given.
+    """Run ``fn(*example_inputs)`` once under sac2's forward mode and profile each recorded op call.
 
+    The forward keeps every call it can, so every call's storages show; ``policy`` is asked about each call as the
+    forward mode asks it (``OpCall.decision``), and ``OpCall.saved`` says whether a forward with that policy keeps
+    the call: the policy saves it and sac2 can keep it (staleness depends on writes, not on what else is saved).
     ``cost`` is ``"time"`` or ``"flops"``; None measures time unless the inputs are fake or meta tensors.
     """
-    inputs = tuple(example_inputs)
+    inputs = as_inputs(example_inputs)
     if cost is None:
         cost = "flops" if any(_unmeasurable(t) for t in tree_leaves(inputs) if isinstance(t, Tensor)) else "time"
     if cost not in ("time", "flops"):
         raise ValueError(f"sac2.profile: cost must be 'time' or 'flops', got {cost!r}.")
-    counter = _FlopCount() if cost == "flops" else None
-    mode = _ProfileMode(cost, as_policy(policy) if policy is not None else None, counter)
-    with counter or contextlib.nullcontext(), mode:
-        fn(*inputs)
-    return Profile(mode.calls, mode.storage_bytes, "s" if cost == "time" else "flop", policy)
+    counter = _FlopCount() if cost == "flops" else _TimeCount(inputs)
+    record = Record()
+    mode = _Profiling(as_policy(policy) if policy is not None else _save_everything, record, counter)
+    with counter, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # what the forward warns about shows in the profile (stale calls)
+        with mode:
+            fn(*inputs)
+    return _read(mode, record, inputs, fn, "s" if cost == "time" else "flop", policy)
 
 
 def _unmeasurable(t: Tensor) -> bool:
@@ -105,95 +129,93 @@ def _storage_key(t: Tensor) -> int:
     return id(t) if k is None else k
 
 
-class _ProfileMode(SacMode):
-    """Runs each op once, recording its key, call index, storages and cost (and the policy's answer).
+class _Profiling(CachingMode):
+    """sac2's forward mode, keeping every call it can (so the profile sees every call's storages) while noting
+    what the policy answered for each, the cost of each recorded call, and which storages the forward allocated
+    (those an op reads before any op of the forward made them came from outside)."""
 
-    A ``SacMode``, so ``sac2.region`` calls reach it as one op, as they reach the forward mode, and policies get
-    the per-forward context they get there. In "flops" mode a ``_FlopCount`` below it counts what each op
-    (or region body) runs.
-    """
-
-    def __init__(self, cost: str, policy: Any, counter: _FlopCount | None) -> None:
-        super().__init__()
-        self._ctx = ForwardContext()
-        self.cost = cost
-        self.policy = policy
+    def __init__(self, policy: Any, record: Record, counter: Any) -> None:
+        super().__init__(policy, record)
+        self._save_ops = self._save_ids = None  # ask the policy about every call (a save list too)
+        self.answers: dict[int, CheckpointPolicy] = {}
+        self.costs: dict[int, float] = {}
+        self.outside: set[int] = set()
+        self.made: set[int] = set()
         self.counter = counter
-        self.calls: list[OpCall] = []
-        self.storage_bytes: list[int] = []
-        self._storage_ids: dict[int, int] = {}  # storage _cdata -> index into storage_bytes
-        self._writers: dict[int, list[int]] = {}  # storage index -> calls whose output references it
-        self._alive: list[Any] = []  # outputs are held so no storage address is reused during the forward
-        self._counts: dict[Any, int] = {}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if info(func).kind == IGNORE:  # what the forward mode does not record is not an op for a policy
-            return func(*args, **kwargs)
-        key = keys.replay_key(func, args)
-        return self._observe(func, key, lambda: func(*args, **kwargs), args, kwargs)
+    def _decide(self, func: Any, op: Any, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
+        self.answers[len(self._log)] = super()._decide(func, op, args, kwargs, out, call_index)
+        return CheckpointPolicy.MUST_SAVE
 
-    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
-        return self._observe(key, key, lambda: run(*args, **kwargs), args, kwargs)
-
-    def _observe(self, func: Any, key: Any, run: Callable[[], Any], args: tuple, kwargs: dict) -> Any:
-        is_op = isinstance(func, _compat.OpOverload)
-        before = None if is_op else writes.tensor_versions(args, kwargs)
-        out, cost = self._run(run, args, kwargs)
-        written = writes.writes_of(func, args, kwargs, out, before)
-        unseen = written is None
-        written = written or []
-        tensors = [t for t in tree_leaves(out) if isinstance(t, Tensor)] + [t for _, t in written]
-        self._alive.append((out, tensors))
-        storages = self._storages(tensors, args, kwargs)
-        view = is_op and func.is_view
-        i = len(self.calls)
-        for _, t in written:  # what earlier calls returned in this storage is no longer what they produced
-            s = self._storage_ids.get(_storage_key(t))
-            for j in self._writers.get(s, ()):
-                self.calls[j].stale = True
-        for s in storages:
-            self._writers.setdefault(s, []).append(i)
-        index = self._counts.get(key, 0)
-        self._counts[key] = index + 1
-        call = OpCall(key, index, op_name(key), storages, 0.0 if view else cost, view, stale=unseen)
-        if self.policy is not None:
-            self._ctx.op_output = None if type(func) is keys.Region else out  # as the forward mode does
-            call.decision = decide(self.policy(self._ctx, func, *args, **kwargs), func, i)
-        self.calls.append(call)
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        n, start = len(self._log), self.counter.total
+        self._note_inputs(args, kwargs)
+        out = CachingMode.__torch_dispatch__(self, func, types, args, kwargs)
+        if len(self._log) > n:
+            self.costs[n] = 0.0 if info(func).kind == VIEW else self.counter.total - start
+        self._note_outputs(out)
         return out
 
-    def _run(self, run: Callable[[], Any], args: tuple, kwargs: dict) -> tuple[Any, float]:
-        if self.counter is not None:
-            start = self.counter.total
-            out = run()
-            return out, float(self.counter.total - start)
-        devices = {t.device for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor) and t.device.type != "cpu"}
-        for d in devices:
-            torch.accelerator.synchronize(d)
-        start = time.perf_counter()
-        out = run()
-        for d in devices:
-            torch.accelerator.synchronize(d)
-        return out, time.perf_counter() - start
+    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+        if self._pending:
+            self._flush()
+        n, start = len(self._log), self.counter.total
+        self._note_inputs(args, kwargs)
+        self.answers[n] = self.ask(key, args, kwargs, None, n)
+        out = record_region(self.record, key, True, False, run, run_kept, args, kwargs)
+        self.costs[n] = self.counter.total - start
+        self._note_outputs(out)
+        return out
 
-    def _storages(self, tensors: list[Tensor], args: tuple, kwargs: dict) -> tuple[int, ...]:
-        """Indices of the activation storages ``tensors`` live in; new ones are registered with their bytes."""
-        inputs = None
-        found: list[int] = []
-        for t in tensors:
-            k = _storage_key(t)
-            s = self._storage_ids.get(k)
-            if s is None:
-                if inputs is None:
-                    inputs = {_storage_key(a) for a in tree_leaves((args, kwargs)) if isinstance(a, Tensor)}
-                if k in inputs:
-                    continue  # aliases a tensor from outside the forward (input, parameter): not an activation
-                s = self._storage_ids[k] = len(self.storage_bytes)
-                self.storage_bytes.append(t.untyped_storage().nbytes())
-            if s not in found:
-                found.append(s)
-        return tuple(found)
+    def _note_inputs(self, args: tuple, kwargs: dict) -> None:
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, Tensor) and _storage_key(t) not in self.made:
+                self.outside.add(_storage_key(t))
+
+    def _note_outputs(self, out: Any) -> None:
+        for t in tree_leaves(out):
+            if isinstance(t, Tensor) and _storage_key(t) not in self.outside:
+                self.made.add(_storage_key(t))
+
+
+def _read(mode: _Profiling, record: Record, inputs: tuple, fn: Any, unit: str, policy: Any) -> Profile:
+    """The profile of a finished forward, from its record."""
+    outside = mode.outside | _outside_storages(fn, inputs)
+    storage_ids: dict[int, int] = {}
+    storage_bytes: list[int] = []
+    counts: dict[Any, int] = {}
+    calls = []
+    for i, entry in enumerate(record.log):
+        key = record.key_at(i)
+        index = counts.get(key, 0)
+        counts[key] = index + 1
+        view = info(key).kind == VIEW if isinstance(key, _compat.OpOverload) else False
+        answer = mode.answers.get(i)
+        keepable = type(entry) is Saved and not entry.unseen_writes
+        storages: list[int] = []
+        if keepable:
+            for t in entry.tensors:
+                k = _storage_key(t)
+                if k in outside:
+                    continue
+                s = storage_ids.get(k)
+                if s is None:
+                    s = storage_ids[k] = len(storage_bytes)
+                    storage_bytes.append(t.untyped_storage().nbytes())
+                if s not in storages:
+                    storages.append(s)
+        asked = answer is not None and is_save(answer) and not view
+        calls.append(OpCall(key, index, op_name(key), tuple(storages), mode.costs.get(i, 0.0), view,
+                            asked and not keepable, answer if policy is not None else None, asked and keepable))
+    return Profile(calls, storage_bytes, unit, policy)
+
+
+def _outside_storages(fn: Any, inputs: tuple) -> set[int]:
+    """Storages that exist before the forward: the inputs', and a module's parameters' and buffers'."""
+    found = {_storage_key(t) for t in tree_leaves(inputs) if isinstance(t, Tensor)}
+    if isinstance(fn, torch.nn.Module):
+        found |= {_storage_key(t) for t in (*fn.parameters(), *fn.buffers())}
+    return found
 
 
 class _FlopCount(TorchDispatchMode):
@@ -204,15 +226,36 @@ class _FlopCount(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.total = 0
+        self.total = 0.0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not (isinstance(func, _compat.OpOverload) and func.is_view):
+        if not (isinstance(func, _compat.OpOverload) and (func.is_view or info(func).kind == IGNORE)):
             packet = _compat.op_packet(func)
-            formula = flop_registry.get(_SAME_FLOPS_AS.get(packet, packet))
+            formula = _compat.flop_formula(_SAME_FLOPS_AS.get(packet, packet))
             self.total += formula(*args, **kwargs, out_val=out) if formula is not None else _numel(out)
+        return out
+
+
+class _TimeCount(TorchDispatchMode):
+    """Adds up the wall time of every op below the profile, synchronising the inputs' accelerators around each."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, inputs: tuple) -> None:
+        super().__init__()
+        self.total = 0.0
+        self.devices = {t.device for t in tree_leaves(inputs) if isinstance(t, Tensor) and t.device.type != "cpu"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        for d in self.devices:
+            torch.accelerator.synchronize(d)
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        for d in self.devices:
+            torch.accelerator.synchronize(d)
+        self.total += time.perf_counter() - start
         return out
 
 
@@ -226,19 +269,17 @@ def _numel(out: Any) -> int:
     return sum(t.numel() for t in tree_leaves(out) if isinstance(t, Tensor))
 
 
-def activation_memory(fn: Callable[..., Any], example_inputs: Sequence[Any], policy: Any) -> int:
+def activation_memory(fn: Callable[..., Any], example_inputs: Any, policy: Any) -> int:
     """Bytes kept for backward when ``fn(*example_inputs)`` runs under ``sac2.checkpoint`` with ``policy``.
 
     Counts unique storages of what the checkpoint's record saves plus what autograd saves outside the
     checkpoint, excluding parameters and inputs (anything that existed before the forward). Runs no backward.
     """
-    inputs = tuple(example_inputs)
-    before = {_storage_key(t) for t in tree_leaves(inputs) if isinstance(t, Tensor)}
-    if isinstance(fn, torch.nn.Module):
-        before |= {_storage_key(t) for t in (*fn.parameters(), *fn.buffers())}
+    inputs = as_inputs(example_inputs)
+    before = _outside_storages(fn, inputs)
     records: list[Record] = []
 
-    def context_fn():
+    def context_fn() -> tuple[CachingMode, ReplayMode]:
         record = Record()
         records.append(record)
         return CachingMode(as_policy(policy), record), ReplayMode(record)

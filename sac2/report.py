@@ -1,6 +1,7 @@
 """``sac2.explain``: what a policy keeps and recomputes, per op, and what other budgets would trade.
 
-One profiled forward (``sac2.profile``) asks the policy about every op call, as sac2's forward mode would. Rows
+One forward runs under sac2's own forward mode with the policy (``sac2.profile``), so the report is what that
+forward's record holds, not a separate reading of the ops. Rows
 group calls by op (a ``sac2.region`` is one op): how many calls, the activation bytes its saved calls keep, the
 bytes its recomputed calls free, the recompute cost, the decision and the rule that made it. A policy names
 its rule with ``why(op_key, call_index) -> str`` (``MemoryBudget`` does); otherwise the policy's name stands
@@ -12,9 +13,9 @@ from __future__ import annotations
 import json
 import types
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from sac2.answers import OFFLOADING, SaveList, as_policy, is_save
+from sac2.answers import OFFLOADING, SaveList, as_policy
 from sac2.policies.budget import solve_budget
 from sac2.profile import Profile, profile
 
@@ -47,6 +48,8 @@ class Report:
     total_bytes: int
     recompute_cost: float
     curve: list[tuple[float, int, float]] = field(default_factory=list)
+    #: What a memory budget predicted it keeps (from the forward it profiled), when the policy is one.
+    predicted_bytes: int | None = None
 
     def __str__(self) -> str:
         head = ("op", "calls", "saved B", "freed B", f"recompute ({self.cost_unit})", "decision", "rule")
@@ -58,8 +61,12 @@ class Report:
                  str(self.total_bytes - self.kept_bytes), f"{self.recompute_cost:.4g}", "", "")
         lines = [head, *body, total]
         widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-        fmt = lambda line: "  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()  # noqa: E731
-        return "\n".join([fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body), fmt(total)])
+        fmt = lambda line: "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()  # noqa: E731
+        lines = [fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body), fmt(total)]
+        if self.predicted_bytes is not None and self.predicted_bytes != self.kept_bytes:
+            lines.append(f"this forward keeps {self.kept_bytes} B; the budget predicted {self.predicted_bytes} B "
+                         f"from the forward it profiled")
+        return "\n".join(lines)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -76,10 +83,10 @@ class Report:
         _plot(self.curve, (self.kept_bytes, self.recompute_cost), self.cost_unit, path)
 
 
-def explain(
-    fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], policy: Any, cost: str | None = None
-) -> Report:
-    """Run ``fn_or_module(*example_inputs)`` once and report what ``policy`` keeps and recomputes per op.
+def explain(fn_or_module: Callable[..., Any], example_inputs: Any, policy: Any, cost: str | None = None) -> Report:
+    """Run ``fn_or_module(*example_inputs)`` once under sac2's forward mode and report what ``policy`` keeps and
+    recomputes per op: exactly what that forward's record holds. One tensor as ``example_inputs`` is one
+    argument.
 
     ``cost``: ``"time"`` (measured) or ``"flops"`` (estimated, deterministic); by default time unless the inputs
     are fake or meta.
@@ -89,7 +96,7 @@ def explain(
 
 
 def plot_budgets(
-    fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], path: str, cost: str | None = None
+    fn_or_module: Callable[..., Any], example_inputs: Any, path: str, cost: str | None = None
 ) -> list[tuple[float, int, float]]:
     """Profile one forward and plot, to ``path``, memory against recompute cost for budgets 0, 0.1, ..., 1."""
     prof = profile(fn_or_module, example_inputs, cost)
@@ -99,7 +106,7 @@ def plot_budgets(
 
 
 def _report(prof: Profile, policy: Any) -> Report:
-    served = [i for i, c in enumerate(prof.calls) if is_save(c.decision) and not c.stale]
+    served = prof.saved
     kept: set[int] = set()
     owner: dict[int, int] = {}  # kept storage -> the call whose saving first keeps it
     for i in served:
@@ -114,29 +121,35 @@ def _report(prof: Profile, policy: Any) -> Report:
     why = getattr(policy, "why", None)
     name = _policy_name(policy)
     rows: dict[str, Row] = {}
+    calls_of: dict[str, list[int]] = {}
     for i, c in enumerate(prof.calls):
         row = rows.get(c.name)
         if row is None:
             row = rows[c.name] = Row(c.name, 0, 0, 0, 0.0, "", "")
+        calls_of.setdefault(c.name, []).append(i)
         row.calls += 1
         row.saved_bytes += sum(prof.storage_bytes[s] for s, j in owner.items() if j == i)
         row.freed_bytes += sum(prof.storage_bytes[s] for s, j in allocated.items() if j == i and s not in kept)
-        if i not in served:
+        if not c.saved:
             row.recompute_cost += c.cost
-        rule = "stale output: sac2 recomputes it" if c.stale and is_save(c.decision) else (
-            why(c.key, c.index) if why is not None else name
-        )
+        if c.stale:
+            rule = "stale output: sac2 recomputes it"
+        elif c.view:
+            rule = "view: re-run, never saved"
+        else:
+            rule = why(c.key, c.index) if why is not None else name
         row.rule = rule if row.rule in ("", rule) else "several"
     for op, row in rows.items():
-        calls = [i for i, c in enumerate(prof.calls) if c.name == op]
-        row.decision = _decision(prof, calls, set(served))
+        row.decision = _decision(prof, calls_of[op])
+    predicted = getattr(policy, "kept_bytes", None)
     return Report(list(rows.values()), prof.cost_unit, prof.kept_bytes(served), prof.total_bytes,
-                  prof.recompute_cost(served), _curve(prof))
+                  prof.recompute_cost(served), _curve(prof), predicted if isinstance(predicted, int) else None)
 
 
-def _decision(prof: Profile, calls: list[int], served: set[int]) -> str:
-    n = sum(1 for i in calls if i in served)
-    offloaded = n and all(prof.calls[i].decision in OFFLOADING for i in calls if i in served)
+def _decision(prof: Profile, calls: list[int]) -> str:
+    saved = [i for i in calls if prof.calls[i].saved]
+    n = len(saved)
+    offloaded = n and all(prof.calls[i].decision in OFFLOADING for i in saved)
     kind = "offload" if offloaded else "save"
     if n == len(calls):
         return kind

@@ -31,8 +31,8 @@ class TestExplain(TestCase):
         report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
         self.assertExpectedInline(str(report), """\
 op                  calls  saved B  freed B  recompute (flop)  decision   rule
-------------------  -----  -------  -------  ----------------  ---------  ---------
-aten.t.default      2      0        0        0                 recompute  save list
+------------------  -----  -------  -------  ----------------  ---------  -------------------------
+aten.t.default      2      0        0        0                 recompute  view: re-run, never saved
 aten.addmm.default  2      768      0        0                 save       save list
 aten.relu.default   1      0        512      128               recompute  save list
 aten.tanh.default   1      0        256      64                recompute  save list
@@ -44,7 +44,7 @@ total               6      768      768      192""")
         self.assertExpectedInline(str(report), """\
 op                  calls  saved B  freed B  recompute (flop)  decision   rule
 ------------------  -----  -------  -------  ----------------  ---------  ---------------------------
-aten.t.default      2      0        0        0                 recompute  memory_budget(768 B, exact)
+aten.t.default      2      0        0        0                 recompute  view: re-run, never saved
 aten.addmm.default  2      768      0        0                 save       memory_budget(768 B, exact)
 aten.relu.default   1      0        512      128               recompute  memory_budget(768 B, exact)
 aten.tanh.default   1      0        256      64                recompute  memory_budget(768 B, exact)
@@ -54,8 +54,8 @@ total               6      768      768      192""")
         report = explain(_mlp(), (_input(),), save_addmm, cost="flops")
         self.assertExpectedInline(str(report), """\
 op                  calls  saved B  freed B  recompute (flop)  decision   rule
-------------------  -----  -------  -------  ----------------  ---------  -----------------------
-aten.t.default      2      0        0        0                 recompute  test_explain.save_addmm
+------------------  -----  -------  -------  ----------------  ---------  -------------------------
+aten.t.default      2      0        0        0                 recompute  view: re-run, never saved
 aten.addmm.default  2      768      0        0                 save       test_explain.save_addmm
 aten.relu.default   1      0        512      128               recompute  test_explain.save_addmm
 aten.tanh.default   1      0        256      64                recompute  test_explain.save_addmm
@@ -83,3 +83,30 @@ total               6      768      768      192""")
                 with open(os.path.join(d, name), "rb") as f:
                     self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
         self.assertEqual(curve, report.curve)
+
+
+def _sin_t_cos(x: torch.Tensor) -> torch.Tensor:
+    a = x.sin()
+    a.t_()
+    return a.cos()
+
+
+def save_all(ctx, op, *args, **kwargs):
+    return True
+
+
+class TestExplainIsWhatTheForwardKeeps(TestCase):
+    def test_an_in_place_view_op_is_re_run_and_the_outputs_around_it_are_saved(self):
+        report = explain(_sin_t_cos, (torch.ones(2, 4, requires_grad=True),), save_all, cost="flops")
+        self.assertExpectedInline(str(report), """\
+op                calls  saved B  freed B  recompute (flop)  decision   rule
+----------------  -----  -------  -------  ----------------  ---------  -------------------------
+aten.sin.default  1      32       0        0                 save       test_explain.save_all
+aten.t_.default   1      0        0        0                 recompute  view: re-run, never saved
+aten.cos.default  1      32       0        0                 save       test_explain.save_all
+total             3      64       0        0""")
+
+    def test_one_tensor_is_one_argument(self):
+        x = torch.ones(2, 4, requires_grad=True)
+        self.assertEqual(explain(_sin_t_cos, x, save_all, cost="flops"),
+                         explain(_sin_t_cos, (x,), save_all, cost="flops"))

@@ -1,19 +1,28 @@
 """``memory_budget``: the policy that keeps at most a given activation memory and recomputes as little as possible.
 
-One profiled forward gives, per op call, the activation storages saving it keeps and its recompute cost
-(``sac2.profile``). Calls that share a storage (an op and the in-place ops that write into its output) are
-decided together, since keeping the storage once serves them all; views and stale outputs are never saved.
-What is left is a 0/1 knapsack, solved exactly where possible (``sac2.knapsack``). The answer is keyed by
-(op, call index within the forward), so the policy decides the same way in every forward of that function.
+One forward profiled under sac2's own forward mode gives, per op call, the activation storages saving it keeps and
+its recompute cost (``sac2.profile``). Calls that share a storage (an op and the in-place ops that write into its
+output) are decided together, since keeping the storage once serves them all; views and stale outputs are never
+saved. What is left is a 0/1 knapsack, solved exactly where possible (``sac2.knapsack``).
+
+The answer is keyed by (op, call index among that op's calls in the forward), so the policy decides the same way in
+every forward that runs the same ops, eager or traced by torch.compile. Views and ops that are not ops for SAC
+(metadata queries) are answered PREFER_RECOMPUTE and not counted, so the views a compiled forward adds or drops
+shift nothing. A call the profile did not see (another batch routed to other MoE experts, a longer sequence of
+ops) is recomputed, so what the budget keeps stays within what it profiled, and sac2 warns once naming it (not
+under torch.compile, whose tracing adds ops of its own);
+``sac2.explain(fn, inputs, budget)`` then shows what that forward keeps next to the budget's prediction.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import warnings
+from typing import Any, Callable
 
 from sac2 import _compat, keys
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
 from sac2.knapsack import Solution, solve
+from sac2.opinfo import IGNORE, VIEW, info
 from sac2.profile import Profile, profile
 
 __all__ = ["MemoryBudget", "memory_budget"]
@@ -37,6 +46,7 @@ class MemoryBudget:
         self.rule = f"memory_budget({capacity} B, {solution.method})"
         self.saved = saved
         self._decisions = {(c.key, c.index): SAVE if i in saved else RECOMPUTE for i, c in enumerate(profiled.calls)}
+        self._warned = False  # about a call the profile did not see: once per budget
 
     @property
     def kept_bytes(self) -> int:
@@ -49,18 +59,28 @@ class MemoryBudget:
         return self.profile.recompute_cost(self.saved)
 
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if type(op) is not keys.Region and info(op).kind in (VIEW, IGNORE):
+            return RECOMPUTE  # never saved, and not counted: views the compiled forward adds shift nothing
         counts = forward_state(ctx, self)  # per forward: nested checkpoints sharing this policy count apart
         key = keys.replay_key(op, args)
         n = counts.get(key, 0)
         counts[key] = n + 1
         decision = self._decisions.get((key, n))
         if decision is None:
-            raise RuntimeError(
+            if _compat.tracing_for_compile():
+                return RECOMPUTE  # compile's tracing adds ops of its own (input clones, size reads): no warning
+            if self._warned:
+                return RECOMPUTE
+            self._warned = True
+            seen = sum(1 for k, _ in self._decisions if k == key)
+            warnings.warn(
                 f"sac2.memory_budget: this forward runs {op_name(op)} (call {n} of that op), which the profiled "
-                f"forward did not run ({sum(1 for k, _ in self._decisions if k == key)} calls of it). A budget "
-                f"policy applies to the function it profiled: build one per checkpointed function, with inputs "
-                f"that take the same path through it."
+                f"forward did not run ({seen} calls of it): it is recomputed, so the budget keeps no more than it "
+                f"profiled. sac2.explain(fn, inputs, policy) shows what this forward keeps next to the budget's "
+                f"prediction; profile with inputs that take the same path for the same decisions.",
+                stacklevel=2,
             )
+            return RECOMPUTE
         return decision
 
     def __getstate__(self) -> dict:
@@ -77,7 +97,7 @@ class MemoryBudget:
 
 
 def memory_budget(
-    fn_or_module: Callable[..., Any], example_inputs: Sequence[Any], budget: float | int, cost: str | None = None
+    fn_or_module: Callable[..., Any], example_inputs: Any, budget: float | int, cost: str | None = None
 ) -> MemoryBudget:
     """A policy keeping at most ``budget`` of activation memory while recomputing the least.
 
