@@ -364,3 +364,32 @@ False, True -> MUST_SAVE""")
         )(x).sum().backward()
         for p, e in zip(block.parameters(), expected):
             self.assertTrue(torch.equal(p.grad, e))
+
+
+def _grouped_experts(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Two experts' MLPs as grouped matmuls (transformers' grouped_mm experts, torchtitan's GroupedExperts)."""
+    offs = torch.tensor([8, 16], dtype=torch.int32)
+    return torch._grouped_mm(F.silu(torch._grouped_mm(x, w1, offs=offs)), w2, offs=offs)
+
+
+def _expert_inputs() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 32, generator=g).bfloat16().requires_grad_()
+    w1 = torch.randn(2, 64, 32, generator=g).bfloat16().transpose(-2, -1).requires_grad_()
+    w2 = torch.randn(2, 32, 64, generator=g).bfloat16().transpose(-2, -1).requires_grad_()
+    return x, w1, w2
+
+
+def _grouped_mm_decision(policy) -> str:
+    (row,) = [r for r in sac2.explain(_grouped_experts, _expert_inputs(), policy, cost="flops").rows
+              if r.op == "aten._grouped_mm.default"]
+    return row.decision
+
+
+def test_every_matmul_preset_saves_grouped_expert_matmuls():
+    assert _grouped_mm_decision(policies.llm()) == "save"
+    assert _grouped_mm_decision(policies.every_other_matmul()) == "save 1 of 2"
+
+
+def test_torchtitan_preset_recomputes_grouped_expert_matmuls_as_torchtitan_does():
+    assert _grouped_mm_decision(policies.torchtitan()) == "recompute"

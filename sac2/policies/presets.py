@@ -36,14 +36,26 @@ MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
 PREFER_RECOMPUTE = CheckpointPolicy.PREFER_RECOMPUTE
 _MUST = frozenset({CheckpointPolicy.MUST_SAVE, CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.MUST_CPU_OFFLOAD})
 
-# Expensive to recompute, cheap to keep: the products of linear layers and attention, and the reductions that
-# low-precision training reads back (``max`` for scaling factors, ``topk`` for MoE routing).
-_COMPUTE = (
+#: Every matmul torch 2.13-2.15 has (those the running torch lacks are left out): dense, batched, grouped (MoE
+#: experts: transformers' grouped_mm experts, torchtitan's GroupedExperts), low-precision and weight-packed.
+_MATMUL_PATHS = (
     "aten.mm.default",
     "aten.addmm.default",
     "aten.bmm.default",
+    "aten.baddbmm.default",
     "aten.linear.default",  # backends that register linear as a leaf op instead of decomposing it
+    "aten._grouped_mm.default",
     "aten._scaled_mm.default",
+    "aten._scaled_mm_v2.default",
+    "aten._scaled_grouped_mm.default",
+    "aten._scaled_grouped_mm_v2.default",
+    "aten._int_mm.default",
+    "aten._weight_int8pack_mm.default",
+    "aten._weight_int4pack_mm.default",
+)
+# Expensive to recompute, cheap to keep: the products of linear layers and attention, and the reductions that
+# low-precision training reads back (``max`` for scaling factors, ``topk`` for MoE routing).
+_COMPUTE = _MATMUL_PATHS + (
     "aten.max.default",
     "aten.topk.default",
     # convolutions and bilinear upsampling (vision towers): compute intensive to torch's partitioner and torchtitan
@@ -99,8 +111,8 @@ def _import_op_modules() -> None:
 
 
 def llm_save_list() -> frozenset:
-    """The ops an LLM block keeps: matmuls, every attention kernel, convolutions, max/topk and the functional
-    collectives.
+    """The ops an LLM block keeps: every matmul (grouped and low-precision ones too), every attention kernel,
+    convolutions, max/topk and the functional collectives.
 
     Also flex_attention and compiled regions (``inductor_compiled_code``). Ops the running torch lacks are
     left out, so the same call works across torch versions and builds.
@@ -160,7 +172,9 @@ def llm() -> PolicyFn:
     return _LLM(llm_save_list())
 
 
-_MATMULS = tuple(
+_MATMULS = tuple(op for op in map(_lookup, _MATMUL_PATHS) if op is not None)
+#: The matmuls an ``nn.Linear`` runs as, whose right-hand side is its weight (``recompute_linears`` reads it).
+_LINEAR_MATMULS = tuple(
     op
     for op in map(_lookup, ("aten.mm.default", "aten.addmm.default", "aten.linear.default", "aten._scaled_mm.default"))
     if op is not None
@@ -189,7 +203,8 @@ class _EveryOtherMatmul:
 
 
 def every_other_matmul() -> PolicyFn:
-    """Save every other matmul (mm, addmm, linear, _scaled_mm) of each forward of a block, recompute the others.
+    """Save every other matmul (every matmul ``llm()`` saves: dense, batched, grouped, low-precision) of each
+    forward of a block, recompute the others.
 
     Halves what the matmuls keep at the cost of recomputing half of them. Counts need sac2's own modes, which give
     the policy one context per forward; under torch's stock modes (a new context per op) it raises.
@@ -212,7 +227,7 @@ class _RecomputeLinears:
         self.shapes = shapes
 
     def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if op in _MATMULS and _weight_shape(op, args) in self.shapes:
+        if op in _LINEAR_MATMULS and _weight_shape(op, args) in self.shapes:
             return MUST_RECOMPUTE
         return PREFER_RECOMPUTE
 
