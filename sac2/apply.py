@@ -9,13 +9,14 @@ from typing import Any, Callable, Iterable, Union
 from torch import nn
 
 from sac2.checkpointing import create_selective_checkpoint_contexts
+from sac2.model_regions import DEFAULT_SAVE, Target, make_regions
 from sac2.policies import llm
 from sac2.wrappers import checkpoint_wrapper
 
 __all__ = ["apply_ac"]
 
 Blocks = Union[nn.ModuleList, nn.ModuleDict, Iterable[str], Callable[[nn.Module], bool], None]
-_MODES = ("selective", "full", "none")
+_MODES = ("selective", "regions", "full", "none")
 
 
 def apply_ac(
@@ -23,6 +24,7 @@ def apply_ac(
     mode: str = "selective",
     *,
     policy: Any = None,
+    save: Iterable[Target] | None = None,
     blocks: Blocks = None,
     every: int = 1,
     **checkpoint_kwargs: Any,
@@ -31,6 +33,10 @@ def apply_ac(
 
     - ``mode="selective"``: keep what ``policy`` saves (a policy callable or a list of ops; default
       ``sac2.policies.llm()``), recompute the rest. ``"full"``: keep only each block's inputs. ``"none"``: no-op.
+    - ``mode="regions"``: make the calls ``save`` names inside each block regions, without editing the model's
+      source, and keep exactly those (``sac2.model_regions``: ``"attention"``, ``"linear"``, ``"experts"``, module
+      classes, name globs; default all three, what ``llm()`` saves). The policy names only regions, so no dispatch
+      mode runs: the ops between regions cost what they cost without checkpointing.
     - ``blocks``: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
       module names, or a predicate (the outermost modules it accepts). Default: ``model.layers`` if it is such a
       container, else the one container of ``model`` with the most children, all of one class.
@@ -45,14 +51,19 @@ def apply_ac(
         raise ValueError(f"sac2.apply_ac: mode={mode!r}; expected one of {_MODES}.")
     if mode != "selective" and policy is not None:
         raise ValueError(f"sac2.apply_ac: a policy only applies to mode='selective', not mode={mode!r}.")
+    if mode != "regions" and save is not None:
+        raise ValueError(f"sac2.apply_ac: save= only applies to mode='regions', not mode={mode!r}.")
     if type(every) is not int or every < 1:
         raise ValueError(f"sac2.apply_ac: every={every!r}; expected a positive int (1 wraps every block).")
     if mode == "none":
         return []
-    if mode == "selective":
+    found = _find_blocks(model, blocks)
+    if mode == "regions":
+        chosen = DEFAULT_SAVE if save is None else save
+        policy = make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen)
+    if mode in ("selective", "regions"):
         context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
         checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
-    found = _find_blocks(model, blocks)
     _warn_if_hf_checkpointed(found)
     wrapped = []
     for i, (parent, attr, fqn) in enumerate(found):

@@ -23,7 +23,7 @@ from sac2 import _compat, dispatch_flags, regions
 from sac2.keys import Region
 from sac2.modes import SacMode
 
-__all__ = ["compiled_region", "region"]
+__all__ = ["compiled_region", "region", "call_region", "region_key"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -95,6 +95,26 @@ def _run_kept(fn: Callable, *args: Any, **kwargs: Any) -> Any:
 _regions: dict[str, Region] = {}
 
 
+def region_key(name: str) -> Region:
+    """The one ``Region`` object of a name (``ReplayMode`` matches keys by identity)."""
+    return _regions.setdefault(name, Region(name))
+
+
+def call_region(key: Region, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` as a region call: one op for the policy inside sac2 SAC, traced inside an annotation
+    under torch.compile, a plain call elsewhere."""
+    if torch.compiler.is_compiling():
+        with _compat.annotate_region(key.name):  # traced through: the policy decides its ops as one region
+            return fn(*args, **kwargs)
+    modes = _sac2_top() if _compat.mode_stack_len() else ()
+    if modes:
+        return modes[-1].region(key, functools.partial(_run, fn), functools.partial(_run_kept, fn), args, kwargs)
+    context = regions.active()
+    if context is not None:
+        return context.region(key, functools.partial(_run, fn), functools.partial(_run_kept, fn), args, kwargs)
+    return fn(*args, **kwargs)
+
+
 @overload
 def region(fn: F, *, name: str | None = None) -> F: ...
 @overload
@@ -110,22 +130,10 @@ def region(fn: Callable | None = None, *, name: str | None = None) -> Any:
     """
     if fn is None:
         return functools.partial(region, name=name)
-    name = name or fn.__qualname__
-    key = _regions.setdefault(name, Region(name))  # one object per name: ReplayMode matches keys by identity
-    run = functools.partial(_run, fn)
-    run_kept = functools.partial(_run_kept, fn)
+    key = region_key(name or fn.__qualname__)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
-            with _compat.annotate_region(name):  # traced through: the policy decides its ops as one region
-                return fn(*args, **kwargs)
-        modes = _sac2_top() if _compat.mode_stack_len() else ()
-        if modes:
-            return modes[-1].region(key, run, run_kept, args, kwargs)
-        context = regions.active()
-        if context is not None:
-            return context.region(key, run, run_kept, args, kwargs)
-        return fn(*args, **kwargs)
+        return call_region(key, fn, args, kwargs)
 
     return call

@@ -39,7 +39,9 @@ class OpCall:
     """One recorded op call of the profiled forward.
 
     ``index``: its call index among the calls with the same replay ``key``. ``storages`` index
-    ``Profile.storage_bytes``: the activation storages that saving this call keeps. ``view``: a view op (never
+    ``Profile.storage_bytes``: the activation storages that saving this call keeps; for a region, its outputs and
+    what its body saved for backward, ``outputs`` the outputs' alone (what saving them op by op would keep, at
+    least). ``view``: a view op (never
     saved: re-running it is free). ``stale``: the forward would not keep it although asked to (a later op writes
     into its output, or it wrote where sac2 cannot see). ``decision``: the policy's answer, when profiled with one;
     ``saved``: whether the forward kept it.
@@ -54,6 +56,7 @@ class OpCall:
     stale: bool = False
     decision: CheckpointPolicy | None = None
     saved: bool = False
+    outputs: tuple[int, ...] = ()
 
 
 @dataclass
@@ -139,6 +142,7 @@ class _Profiling(CachingMode):
         self._save_ops = self._save_ids = None  # ask the policy about every call (a save list too)
         self.answers: dict[int, CheckpointPolicy] = {}
         self.costs: dict[int, float] = {}
+        self.region_state: dict[int, list[Tensor]] = {}  # what each region's body saved for backward
         self.outside: set[int] = set()
         self.made: set[int] = set()
         self.counter = counter
@@ -149,7 +153,8 @@ class _Profiling(CachingMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         n, start = len(self._log), self.counter.total
-        self._note_inputs(args, kwargs)
+        if info(func).kind != IGNORE:  # detach and metadata queries read no data (sac2's own keep() detaches)
+            self._note_inputs(args, kwargs)
         out = CachingMode.__torch_dispatch__(self, func, types, args, kwargs)
         if len(self._log) > n:
             self.costs[n] = 0.0 if info(func).kind == VIEW else self.counter.total - start
@@ -162,7 +167,17 @@ class _Profiling(CachingMode):
         n, start = len(self._log), self.counter.total
         self._note_inputs(args, kwargs)
         self.answers[n] = self.ask(key, args, kwargs, None, n)
-        out = record_region(self.record, key, True, False, run, run_kept, args, kwargs)
+        state = self.region_state[n] = []
+
+        def note(t: Tensor) -> Tensor:
+            state.append(t)
+            return t
+
+        def run_kept_noting(*a: Any, **k: Any) -> Any:  # run_kept, noting what autograd keeps in the body
+            with torch.autograd.graph.saved_tensors_hooks(note, _identity):
+                return run(*a, **k)
+
+        out = record_region(self.record, key, True, False, run, run_kept_noting, args, kwargs)
         self.costs[n] = self.counter.total - start
         self._note_outputs(out)
         return out
@@ -193,8 +208,9 @@ def _read(mode: _Profiling, record: Record, inputs: tuple, fn: Any, unit: str, p
         answer = mode.answers.get(i)
         keepable = type(entry) is Saved and not entry.unseen_writes
         storages: list[int] = []
+        outputs: list[int] = []
         if keepable:
-            for t in entry.tensors:
+            for t in (*entry.tensors, *mode.region_state.get(i, ())):
                 k = _storage_key(t)
                 if k in outside:
                     continue
@@ -204,10 +220,16 @@ def _read(mode: _Profiling, record: Record, inputs: tuple, fn: Any, unit: str, p
                     storage_bytes.append(t.untyped_storage().nbytes())
                 if s not in storages:
                     storages.append(s)
+            outputs = [storage_ids[_storage_key(t)] for t in entry.tensors if _storage_key(t) not in outside]
         asked = answer is not None and is_save(answer) and not view
         calls.append(OpCall(key, index, op_name(key), tuple(storages), mode.costs.get(i, 0.0), view,
-                            asked and not keepable, answer if policy is not None else None, asked and keepable))
+                            asked and not keepable, answer if policy is not None else None, asked and keepable,
+                            tuple(dict.fromkeys(outputs))))
     return Profile(calls, storage_bytes, unit, policy)
+
+
+def _identity(t: Tensor) -> Tensor:
+    return t
 
 
 def _outside_storages(fn: Any, inputs: tuple) -> set[int]:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from sac2.answers import OFFLOADING, SaveList, as_policy
+from sac2.keys import Region
 from sac2.policies.budget import solve_budget
 from sac2.profile import Profile, profile
 
@@ -39,6 +40,17 @@ class Row:
 
 
 @dataclass
+class RegionRow:
+    """One region of the report: what saving it keeps (its outputs and what its body saved for backward) next to
+    what its outputs alone hold (what saving the same computation op by op keeps at least)."""
+
+    region: str
+    calls: int
+    kept_bytes: int
+    output_bytes: int
+
+
+@dataclass
 class Report:
     """Per-op rows, totals, and the memory/recompute trade-off across budgets (fraction, bytes, cost)."""
 
@@ -50,6 +62,7 @@ class Report:
     curve: list[tuple[float, int, float]] = field(default_factory=list)
     #: What a memory budget predicted it keeps (from the forward it profiled), when the policy is one.
     predicted_bytes: int | None = None
+    regions: list[RegionRow] = field(default_factory=list)
 
     def __str__(self) -> str:
         head = ("op", "calls", "saved B", "freed B", f"recompute ({self.cost_unit})", "decision", "rule")
@@ -59,10 +72,12 @@ class Report:
         ]
         total = ("total", str(sum(r.calls for r in self.rows)), str(self.kept_bytes),
                  str(self.total_bytes - self.kept_bytes), f"{self.recompute_cost:.4g}", "", "")
-        lines = [head, *body, total]
-        widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-        fmt = lambda line: "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()  # noqa: E731
-        lines = [fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body), fmt(total)]
+        lines = _table(head, [*body, total])
+        if self.regions:
+            lines.append("")
+            lines.extend(_table(("region", "calls", "kept if saved B (outputs + backward state)", "outputs B"),
+                                [(r.region, str(r.calls), str(r.kept_bytes), str(r.output_bytes))
+                                 for r in self.regions]))
         if self.predicted_bytes is not None and self.predicted_bytes != self.kept_bytes:
             lines.append(f"this forward keeps {self.kept_bytes} B; the budget predicted {self.predicted_bytes} B "
                          f"from the forward it profiled")
@@ -75,6 +90,7 @@ class Report:
     def from_json(cls, text: str) -> Report:
         data = json.loads(text)
         data["rows"] = [Row(**r) for r in data["rows"]]
+        data["regions"] = [RegionRow(**r) for r in data["regions"]]
         data["curve"] = [tuple(p) for p in data["curve"]]
         return cls(**data)
 
@@ -143,7 +159,29 @@ def _report(prof: Profile, policy: Any) -> Report:
         row.decision = _decision(prof, calls_of[op])
     predicted = getattr(policy, "kept_bytes", None)
     return Report(list(rows.values()), prof.cost_unit, prof.kept_bytes(served), prof.total_bytes,
-                  prof.recompute_cost(served), _curve(prof), predicted if isinstance(predicted, int) else None)
+                  prof.recompute_cost(served), _curve(prof), predicted if isinstance(predicted, int) else None,
+                  _regions(prof))
+
+
+def _table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
+    """Aligned text lines: the header, a rule, the rows."""
+    widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
+
+    def fmt(line: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+
+    return [fmt(head), "  ".join("-" * w for w in widths), *map(fmt, body)]
+
+
+def _regions(prof: Profile) -> list[RegionRow]:
+    rows: dict[str, RegionRow] = {}
+    for c in prof.calls:
+        if type(c.key) is Region:
+            row = rows.setdefault(c.key.name, RegionRow(c.key.name, 0, 0, 0))
+            row.calls += 1
+            row.kept_bytes += sum(prof.storage_bytes[s] for s in c.storages)
+            row.output_bytes += sum(prof.storage_bytes[s] for s in c.outputs)
+    return list(rows.values())
 
 
 def _decision(prof: Profile, calls: list[int]) -> str:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from sac2 import _compat
+from sac2 import _compat, module_class
 from sac2.checkpointing import checkpoint
 
 __all__ = [
@@ -242,35 +242,12 @@ def _auto_wrap(root: nn.Module, policy: Callable[..., bool], wrapper_fn: Callabl
     visit(root, numel(root))
 
 
-_checkpointed_classes: dict[type, type] = {}
+def _checkpointed_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    _warn_if_nested(self)
+    return checkpoint(forward, *args, **self._sac2_checkpoint_kwargs, **kwargs)
 
 
-def _checkpointed_class(cls: type) -> type:
-    """The subclass of ``cls`` whose forward runs the original one under ``sac2.checkpoint``.
-
-    It is made at run time, so pickle cannot find it by name: an instance pickles as "the checkpointed class of
-    ``cls``" (``_new_checkpointed``) with its ``__dict__``, and loading makes or finds that class again.
-    """
-    new = _checkpointed_classes.get(cls)
-    if new is None:
-
-        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            _warn_if_nested(self)
-            return checkpoint(super(new, self).forward, *args, **self._sac2_checkpoint_kwargs, **kwargs)
-
-        def __reduce_ex__(self: nn.Module, protocol: int) -> tuple:
-            return _new_checkpointed, (cls,), self.__dict__
-
-        body = {"forward": forward, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__}
-        new = type(f"Checkpointed{cls.__name__}", (cls,), body)
-        new.__qualname__ = f"Checkpointed{cls.__qualname__}"
-        _checkpointed_classes[cls] = new
-    return new
-
-
-def _new_checkpointed(cls: type) -> nn.Module:
-    """An empty instance of the checkpointed class of ``cls``, for pickle to fill with the state it saved."""
-    return object.__new__(_checkpointed_class(cls))
+module_class.register_kind("Checkpointed", _checkpointed_forward)
 
 
 def checkpoint_module(
@@ -296,5 +273,5 @@ def checkpoint_module(
             "non-reentrant checkpoint."
         )
     module._sac2_checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
-    module.__class__ = _checkpointed_class(type(module))
+    module_class.swap_class(module, "Checkpointed")
     return module

@@ -22,7 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ModelConfig", "CONFIGS", "REGION_NAMES", "RegionWrap", "Block", "Transformer", "random_tokens"]
+__all__ = [
+    "ModelConfig", "CONFIGS", "REGION_NAMES", "RegionWrap", "ScaledDotProductAttention", "Block", "Transformer",
+    "random_tokens",
+]
 
 #: How a region-wrapped model wraps one call: ``wrap(fn, name)`` returns a callable with ``fn``'s signature.
 RegionWrap = Callable[[Callable[..., torch.Tensor], str], Callable[..., torch.Tensor]]
@@ -65,6 +68,14 @@ def _causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Ten
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+class ScaledDotProductAttention(nn.Module):
+    """Causal SDPA as a module without parameters (torchtitan's blocks hold their attention kernel this way), so
+    ``sac2.apply_ac(model, mode="regions")`` can make attention calls regions without editing the model."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return _causal_sdpa(q, k, v)
+
+
 class Block(nn.Module):
     """One transformer block: ``x + attn(norm(x))``, then ``h + mlp(norm(h))``.
 
@@ -78,6 +89,7 @@ class Block(nn.Module):
             fns = (F.linear, _causal_sdpa, F.linear, F.linear, F.linear)
             self.calls = {name: region(fn, name) for name, fn in zip(REGION_NAMES, fns)}
         self.n_heads = cfg.n_heads
+        self.attention = ScaledDotProductAttention()
         self.attn_norm = RMSNorm(cfg.dim)
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
@@ -90,7 +102,7 @@ class Block(nn.Module):
             return self._forward_regions(x, self.calls)
         b, s, d = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(b, s, 3, self.n_heads, d // self.n_heads).unbind(2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        a = self.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         h = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
         gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
         return h + self.down(F.silu(gate) * up)

@@ -1,0 +1,198 @@
+"""Regions in a model you did not write: chosen module calls and attention calls become ``sac2.region`` calls.
+
+``sac2.apply_ac(model, mode="regions", save=...)`` uses this to checkpoint each block with a save list of only
+``sac2.Region``s, which needs no dispatch mode (``sac2.regions``): the ops between regions run at eager speed.
+
+What ``save`` can name, inside each block:
+
+- ``"attention"``: the attention call. A transformers model's attention interface (SDPA, flex, eager, ...) is
+  registered again as a region (``sac2_<implementation>``) and the model switched to it; otherwise the block's
+  attention kernel modules (modules without parameters whose class name ends in ``Attention``: torchtitan's
+  ``ScaledDotProductAttention``/``FlexAttention``/``VarlenAttention``, ``sac2.bench.models``') are made regions.
+- ``"linear"``: every ``nn.Linear`` (subclasses too); ``"experts"``: MoE expert modules (class name ends in
+  ``Experts``: transformers' ``Qwen3MoeExperts``/``MixtralExperts``, torchtitan's ``GroupedExperts``);
+- a module class: its instances; any other string: a glob over module names relative to the block
+  (``"mlp.down_proj"``, ``"self_attn.*_proj"``).
+
+A module becomes a region in place (its class is swapped for ``Region<Name>``: parameter names, state-dict keys and
+hooks stay), named by its name relative to the block, so one ``sac2.Region`` covers the same module in every block.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from typing import Any, Callable, Iterable, Sequence
+
+from torch import nn
+
+from sac2 import module_class
+from sac2.compiled import call_region, region_key
+from sac2.keys import Region
+
+__all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
+
+ATTENTION, LINEAR, EXPERTS = "attention", "linear", "experts"
+#: What ``mode="regions"`` saves by default: what ``sac2.policies.llm()`` saves, as regions.
+DEFAULT_SAVE = (ATTENTION, LINEAR, EXPERTS)
+
+Target = str | type
+
+
+def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return call_region(self._sac2_region, forward, args, kwargs)
+
+
+module_class.register_kind("Region", _region_forward)
+
+
+def region_name_of(module: nn.Module) -> str | None:
+    """The region a module's calls are (set by ``make_regions``), or None."""
+    key = getattr(module, "_sac2_region", None)
+    return key.name if key is not None else None
+
+
+def _matches(target: Target, name: str, module: nn.Module) -> bool:
+    if isinstance(target, type):
+        return isinstance(module, target)
+    if target == LINEAR:
+        return isinstance(module, nn.Linear)
+    if target == EXPERTS:
+        return type(module).__name__.endswith("Experts")
+    return fnmatch.fnmatchcase(name, target)
+
+
+def _is_attention_kernel(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("Attention") and next(module.parameters(), None) is None
+
+
+def _check_targets(save: Iterable[Target]) -> list[Target]:
+    targets = list(save)
+    if not targets:
+        raise ValueError("sac2.apply_ac: mode='regions' needs at least one thing to save (save=...).")
+    for t in targets:
+        if not (isinstance(t, str) or (isinstance(t, type) and issubclass(t, nn.Module))):
+            raise TypeError(
+                f"sac2.apply_ac: save={t!r} is neither a module class nor a string ('attention', 'linear', "
+                f"'experts', or a glob over module names inside a block such as 'mlp.down_proj')."
+            )
+    return targets
+
+
+def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save: Iterable[Target]) -> list[Region]:
+    """Make the calls ``save`` names inside each block regions (in place); return the ``Region``s to save."""
+    targets = _check_targets(save)
+    modules = [t for t in targets if t != ATTENTION]
+    chosen: dict[str, tuple[str, nn.Module]] = {}  # "block fqn/relative name" -> (relative name, module)
+    hit: set[int] = set()
+    for block_name, block in blocks:
+        for name, module in block.named_modules():
+            if not name:
+                continue
+            matched = [i for i, t in enumerate(modules) if _matches(t, name, module)]
+            if matched:
+                hit.update(matched)
+                chosen[f"{block_name}.{name}"] = (name, module)
+    missed = [modules[i] for i in range(len(modules)) if i not in hit and modules[i] != EXPERTS or not chosen]
+    if missed and (targets != list(DEFAULT_SAVE) or not chosen):
+        raise ValueError(
+            f"sac2.apply_ac: save={missed} matches no module inside the blocks ({[b for b, _ in blocks][:3]}...); "
+            f"module names there look like {_sample(blocks)}."
+        )
+    if ATTENTION in targets:
+        chosen.update(_attention(model, blocks))
+    _refuse_nesting(chosen)
+    names = set()
+    for name, module in chosen.values():
+        if name is None:
+            names.add(ATTENTION)  # the attention interface, made a region already
+            continue
+        _refuse(module, name)
+        module._sac2_region = region_key(name)
+        if not module_class.is_kind(module, "Region"):  # made a region before: renamed only
+            module_class.swap_class(module, "Region")
+        names.add(name)
+    return [region_key(n) for n in sorted(names)]
+
+
+def _sample(blocks: Sequence[tuple[str, nn.Module]]) -> list[str]:
+    return [n for n, _ in blocks[0][1].named_modules() if n][:6] if blocks else []
+
+
+def _attention(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, tuple[Any, Any]]:
+    """The attention calls as regions: a transformers model's attention interface, else the blocks' attention
+    kernel modules (named ``attention``). Returns the modules to make regions (none for transformers)."""
+    if _transformers_attention(model):
+        return {"attention interface": (None, None)}
+    kernels = {
+        f"{block_name}.{name}": (ATTENTION, module)
+        for block_name, block in blocks
+        for name, module in block.named_modules()
+        if name and _is_attention_kernel(module)
+    }
+    if not kernels:
+        raise ValueError(
+            "sac2.apply_ac: save='attention' found no attention call to make a region: the model is not a "
+            "transformers model (whose attention interface sac2 can wrap) and its blocks have no attention kernel "
+            "module (a module without parameters whose class name ends in 'Attention', as torchtitan's). If the "
+            "blocks call F.scaled_dot_product_attention inline, wrap that call with sac2.region(name='attention')."
+        )
+    return kernels
+
+
+def _transformers_attention(model: nn.Module) -> bool:
+    """Register the model's attention function again as a region and switch the model to it (transformers)."""
+    config = getattr(model, "config", None)
+    implementation = getattr(config, "_attn_implementation", None)
+    if not isinstance(implementation, str) or not hasattr(model, "set_attn_implementation"):
+        return False
+    if implementation.startswith("sac2_"):
+        return True  # done before
+    from transformers import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if implementation == "eager":  # each model family has its own eager function, beside the model class
+        family = sys.modules[type(model).__module__]
+        function = family.eager_attention_forward
+        name = f"sac2_eager_{family.__name__.rsplit('.', 1)[-1]}"
+    else:
+        function = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, None)
+        name = f"sac2_{implementation}"
+    key = region_key(ATTENTION)
+
+    def attention(*args: Any, **kwargs: Any) -> Any:
+        return call_region(key, function, args, kwargs)
+
+    AttentionInterface.register(name, attention)
+    model.set_attn_implementation(name)
+    return True
+
+
+def _refuse_nesting(chosen: dict[str, tuple[Any, Any]]) -> None:
+    names = sorted(chosen)
+    for outer, inner in zip(names, names[1:], strict=False):
+        if inner.startswith(outer + "."):
+            raise ValueError(
+                f"sac2.apply_ac: {inner!r} is inside {outer!r}, and both would be regions; a region is one op for the "
+                f"policy, so one cannot hold another. Save one of them (narrow the module class or name pattern)."
+            )
+
+
+def _refuse(module: nn.Module, name: str) -> None:
+    """Raise when a module cannot be a region, saying why."""
+    from sac2.wrappers import CheckpointWrapper
+
+    if isinstance(module, CheckpointWrapper) or hasattr(module, "_sac2_checkpoint_kwargs"):
+        raise ValueError(f"sac2.apply_ac: {name!r} is checkpointed itself; a checkpoint cannot be a region.")
+    inner = [n for n, m in module.named_modules() if n and isinstance(m, CheckpointWrapper)]
+    if inner:
+        raise ValueError(
+            f"sac2.apply_ac: {name!r} holds checkpointed modules ({inner[:3]}); a region's body runs once and is "
+            f"kept or run again whole, so it cannot hold a checkpoint."
+        )
+    if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+        raise ValueError(f"sac2.apply_ac: {name!r} is a {type(module).__name__}, which is never called; name the "
+                         f"modules inside it.")
+    if "forward" in module.__dict__:
+        raise ValueError(f"sac2.apply_ac: {name!r} has its own forward set on the instance, which a region cannot "
+                         f"wrap; make it a region by hand with sac2.region.")

@@ -1,0 +1,57 @@
+"""Changing what a module's calls do without a wrapper: swap its class for a subclass with another ``forward``.
+
+``checkpoint_module`` (``Checkpointed<Name>``) and module regions (``Region<Name>``) both change a module in place
+this way, so parameter names, state-dict keys, hooks, ``isinstance`` and FSDP's own class swap stay as they were.
+The subclass is made at run time, once per (class, kind): pickle cannot find it by name, so an instance pickles as
+"the subclass of that kind of ``cls``" with its ``__dict__``, and loading makes or finds that class again.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+__all__ = ["register_kind", "swap_class", "is_kind"]
+
+#: kind (the class-name prefix) -> the forward its subclasses get: ``forward(self, parent_forward, *args, **kwargs)``.
+_kinds: dict[str, Callable[..., Any]] = {}
+_classes: dict[tuple[type, str], type] = {}
+
+
+def register_kind(kind: str, forward: Callable[..., Any]) -> None:
+    """Declare a kind of subclass: ``forward(module, parent_forward, *args, **kwargs)`` replaces the forward."""
+    _kinds[kind] = forward
+
+
+def _subclass(cls: type, kind: str) -> type:
+    new = _classes.get((cls, kind))
+    if new is None:
+        wrap = _kinds[kind]
+
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return wrap(self, super(new, self).forward, *args, **kwargs)
+
+        def __reduce_ex__(self: nn.Module, protocol: int) -> tuple:
+            return _new_instance, (cls, kind), self.__dict__
+
+        body = {"forward": forward, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__}
+        new = type(f"{kind}{cls.__name__}", (cls,), body)
+        new.__qualname__ = f"{kind}{cls.__qualname__}"
+        _classes[(cls, kind)] = new
+    return new
+
+
+def _new_instance(cls: type, kind: str) -> nn.Module:
+    """An empty instance of the ``kind`` subclass of ``cls``, for pickle to fill with the state it saved."""
+    return object.__new__(_subclass(cls, kind))
+
+
+def swap_class(module: nn.Module, kind: str) -> None:
+    """Make ``module`` an instance of the ``kind`` subclass of its class (still an instance of its class)."""
+    module.__class__ = _subclass(type(module), kind)
+
+
+def is_kind(module: nn.Module, kind: str) -> bool:
+    """Whether ``module``'s class is a ``kind`` subclass made here."""
+    return _classes.get((type(module).__mro__[1], kind)) is type(module) if len(type(module).__mro__) > 1 else False
