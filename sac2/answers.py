@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Union
 
 from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext
 
-from sac2 import _compat
+from sac2 import _compat, pickling
 from sac2.keys import KEYED_OPS, Region, region_of
 
 __all__ = [
@@ -113,10 +113,11 @@ class SaveList:
                     f"list the overload the op runs as, e.g. {op}.default."
                 )
             if not isinstance(op, (_compat.OpOverload, _compat.HigherOrderOperator, Region)):
-                raise ValueError(
-                    f"sac2: {op!r} (type {type(op).__name__}) in the save list is not an op; list OpOverloads "
-                    f"such as torch.ops.aten.mm.default, higher-order ops such as "
-                    f"torch.ops.higher_order.flex_attention, or regions such as sac2.Region('attn')."
+                raise ValueError(  # led by torch's own words for this error, which code may match
+                    f"Expected op in `op_list` to be an OpOverload, a higher-order op or a sac2.Region, but got "
+                    f"{op!r} (type {type(op).__name__}); list OpOverloads such as torch.ops.aten.mm.default, "
+                    f"higher-order ops such as torch.ops.higher_order.flex_attention, or regions such as "
+                    f"sac2.Region('attn')."
                 )
         self.ops = frozenset(ops)
 
@@ -130,7 +131,7 @@ class SaveList:
 
     def __reduce__(self) -> tuple:
         # Ops pickle by their path under torch.ops (sac2._compat's reducer), also HOPs made after sac2's import.
-        _compat.register_op_pickling(self.ops)
+        pickling.register_op_pickling(self.ops)
         return SaveList, (list(self.ops),)
 
 

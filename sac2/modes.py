@@ -32,7 +32,8 @@ __all__ = ["SacMode", "CachingMode", "ReplayMode"]
 
 Tensor = torch.Tensor
 _MUST_RECOMPUTE = CheckpointPolicy.MUST_RECOMPUTE
-_CAST = torch.ops.aten._to_copy.default
+_version = _compat.version
+_CAST = _compat.TO_COPY
 
 
 class SacMode(_compat.TorchDispatchMode):
@@ -107,7 +108,7 @@ class CachingMode(SacMode):
                     return out
                 offload = False
             else:
-                policy = self._decide(func, op, args, kwargs, out, len(log))
+                policy = self.decide(func, op, args, kwargs, out, len(log))
                 if policy not in SAVING:
                     log.append(func)
                     return out
@@ -134,7 +135,7 @@ class CachingMode(SacMode):
             if record.by_storage:
                 self._track_op(func, op, args, kwargs, out)
             if self._save_ids is None:
-                self._decide(func, op, args, kwargs, out, len(self._log))
+                self.decide(func, op, args, kwargs, out, len(self._log))
             self._log.append(func)
             return out
         rng = rng_before(op.random or kind >= HOP, args, kwargs)  # a HOP may draw random numbers inside
@@ -149,7 +150,7 @@ class CachingMode(SacMode):
             out = func(*args, **kwargs)
             key = func if kind == HOP else keys.op_key(func, args)
             if record.by_storage:
-                record.wrote([t for t, v in before if t._version != v])
+                record.wrote([t for t, v in before if _version(t) != v])
                 record.wrote(writes.unversioned_writes(func, args, kwargs))
         log = self._log
         if self._save_ids is not None:
@@ -157,7 +158,7 @@ class CachingMode(SacMode):
             offload = False
             save = save or op.ordered
         else:
-            policy = self._decide(func, op, args, kwargs, out, len(log))
+            policy = self.decide(func, op, args, kwargs, out, len(log))
             save, offload = policy in SAVING, policy in OFFLOADING
         if save:
             entry = self._save(key, func, op, args, kwargs, out, before)
@@ -192,7 +193,7 @@ class CachingMode(SacMode):
             self._policy_error = error
             raise
 
-    def _decide(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
+    def decide(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
         """The answer for one op call; ordered side effects are saved unless the policy demands recompute (they
         must not run twice)."""
         policy = self.ask(func, args, kwargs, out, call_index)
@@ -267,10 +268,12 @@ class ReplayMode(SacMode):
         self.allow_cache_entry_mutation = allow_cache_entry_mutation
         self._cursor = 0
         self._stop: Callable[[], BaseException] | None = None
+        self._bumped: list[tuple[Tensor, int]] = []  # tensors a replayed in-place view op bumped, with their version
 
     def __enter__(self) -> ReplayMode:
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
         self._stop = None
+        self._bumped = []
         super().__enter__()
         self.record.start_recompute()
         return self
@@ -301,10 +304,16 @@ class ReplayMode(SacMode):
         kind = op.kind
         if kind == IGNORE:
             return op.call(*args, **kwargs)
+        if self._bumped:
+            self._unbump()
         if self._stop is not None:
-            stop, self._stop = self._stop, None
-            self.__torch_dispatch__(func, types, args, kwargs)
-            raise stop()
+            return self._finish(func, op, types, args, kwargs)
+        if kind == VIEW and op.writes:
+            # An in-place view op (squeeze_, t_) replayed on a served output bumps the version counter that output
+            # shares with the forward's tensor, where saved entries (of this record, or of a checkpoint nested in
+            # it) watch for modifications after the forward. The forward's run of it is counted there already:
+            # the replay's is undone at the next op.
+            self._bumped.append((args[0], _version(args[0])))
         key = func if kind != KEYED else keys.op_key(func, args)
         i = self._cursor
         try:
@@ -322,6 +331,21 @@ class ReplayMode(SacMode):
         if type(entry) is Saved and entry.key is key:
             return self._serve(entry, i, func, args, kwargs)
         return self._realign(i, func, op, key, args, kwargs)
+
+    def _unbump(self) -> None:
+        _compat.set_versions(self._bumped)
+        self._bumped = []
+
+    def _finish(self, func: Any, op: OpInfo, types: Any, args: tuple, kwargs: dict) -> Any:
+        """Run (or serve) the op early stop waits for, then stop. A random op's draws do not leak: torch's frame
+        would have stopped before it drew."""
+        stop, self._stop = self._stop, None
+        rng = rng_before(op.random, args, kwargs)
+        self.__torch_dispatch__(func, types, args, kwargs)
+        if rng is not None:
+            rng[0].set_state(rng[1])
+        assert stop is not None
+        raise stop()
 
     def _realign(self, i: int, func: Any, op: OpInfo, key: Any, args: tuple, kwargs: dict) -> Any:
         """Autocast caches the casts of leaf tensors within an autocast block (and recompute in backward may find
@@ -362,6 +386,8 @@ class ReplayMode(SacMode):
         return replay_region(self.record, i, key, run, run_kept, args, kwargs)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._bumped:
+            self._unbump()
         cursor, n = self._cursor, len(self._log)
         while cursor < n and self.record.key_at(cursor) is _CAST:
             cursor += 1  # casts autocast's cache spared the recompute (see _realign)

@@ -17,7 +17,7 @@ from sac2.writes import Path, schema_writes
 
 __all__ = ["PLAIN", "VIEW", "IGNORE", "HOP", "KEYED", "OpInfo", "info", "TABLE"]
 
-_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+_UNSAFE_VIEW = _compat.UNSAFE_VIEW
 
 #: An aten or custom op; a view (or in-place view) op, always re-run; an op that is not an op for SAC (detach,
 #: metadata queries), run and never recorded; a higher-order op; an op whose replay key depends on its arguments.

@@ -147,8 +147,8 @@ class _Profiling(CachingMode):
         self.made: set[int] = set()
         self.counter = counter
 
-    def _decide(self, func: Any, op: Any, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
-        self.answers[len(self._log)] = super()._decide(func, op, args, kwargs, out, call_index)
+    def decide(self, func: Any, op: Any, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
+        self.answers[len(self._log)] = super().decide(func, op, args, kwargs, out, call_index)
         return CheckpointPolicy.MUST_SAVE
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -283,7 +283,7 @@ class _TimeCount(TorchDispatchMode):
 
 #: torch's FLOP counter knows flash attention on CUDA but not the CPU kernel, which takes the same q, k, v first.
 _SAME_FLOPS_AS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: torch.ops.aten._scaled_dot_product_flash_attention,
+    _compat.SDPA_FLASH_CPU: _compat.SDPA_FLASH,
 }
 
 

@@ -123,18 +123,15 @@ class Saved:
     def watch(self, alias: Tensor) -> None:
         """Also see in-place writes through ``alias``, which shares a storage but not a version counter."""
         self.tensors += (_detach(alias),)
-        self.versions += (alias._version,)
+        self.versions += (_compat.version(alias),)
 
     def record_versions(self) -> None:
-        self.versions = tuple([t._version for t in self.tensors])
+        self.versions = _compat.versions(self.tensors)
 
     def modified(self) -> bool:
         if self.stale:
             return True
-        for t, v in zip(self.tensors, self.versions, strict=True):
-            if t._version != v:
-                return True
-        return False
+        return _compat.versions(self.tensors) != self.versions
 
     # --- between forward and backward ----------------------------------------------------------------------
     def to_host(self) -> None:
@@ -340,10 +337,11 @@ class Record:
     def serve(self, i: int, args: tuple, kwargs: dict) -> Any:
         """Serve the entry at position ``i``: restore what it wrote and moved, return its outputs. While the
         backward keeps its graph another recompute serves it again; otherwise the record forgets it, so its memory
-        goes with the backward's own references."""
+        goes with the backward's own references. A region is never forgotten: run again in a later recompute (a
+        backward through another output), it would save for backward what the forward kept for it."""
         entry = self.log[i]
         entry.restore(args, kwargs)
-        if _compat.backward_keeps_graph():
+        if entry.requires_grad is not None or _compat.backward_keeps_graph():
             out = entry.serve(args, kwargs)
             entry.release()
             self.served.append(entry)

@@ -36,7 +36,7 @@ class Tracer:
                 return CheckpointPolicy.PREFER_RECOMPUTE
             if region is None:
                 self._span = None
-                policy = mode._decide(func, op, args, kwargs, out, len(log))
+                policy = mode.decide(func, op, args, kwargs, out, len(log))
             else:
                 policy = self._region_policy(region, len(log))
             entry = Saved(key)

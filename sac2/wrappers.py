@@ -52,7 +52,7 @@ class ActivationWrapper(nn.Module):
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self._checkpoint_wrapped_module = module
-        self._register_state_dict_hook(_strip_prefix)
+        self.register_state_dict_post_hook(_strip_prefix)
         self.register_load_state_dict_pre_hook(_add_prefix)
 
     def __getattr__(self, name: str) -> Any:
@@ -136,9 +136,9 @@ class OffloadWrapper(ActivationWrapper):
             return self._checkpoint_wrapped_module(*args, **kwargs)
 
 
-_compat.register_activation_wrapper(ActivationWrapper)
-_compat.register_activation_wrapper(CheckpointWrapper)
-_compat.register_activation_wrapper(OffloadWrapper)
+_compat.register_activation_wrapper(ActivationWrapper, "ActivationWrapper")
+_compat.register_activation_wrapper(CheckpointWrapper, "CheckpointWrapper")
+_compat.register_activation_wrapper(OffloadWrapper, "OffloadWrapper")
 
 
 _warned_nested: weakref.WeakSet = weakref.WeakSet()

@@ -15,7 +15,12 @@ import torch
 from sac2 import _compat
 from sac2._compat import tree_leaves
 
-__all__ = ["Path", "locate", "schema_writes", "expand", "tensor_versions", "writes_of", "unversioned_writes"]
+_version = _compat.version
+
+__all__ = [
+    "Path", "UNDECLARED_WRITES", "locate", "schema_writes", "expand", "tensor_versions", "writes_of",
+    "unversioned_writes",
+]
 
 
 Path = tuple  # ("a", index, *sub) or ("k", name, *sub): where a written tensor sits in (args, kwargs)
@@ -29,12 +34,24 @@ def locate(args: tuple, kwargs: dict, path: Path) -> Any:
     return obj
 
 
+#: Ops that write arguments their schema does not mark ``(a!)`` (and without bumping their versions): batch
+#: norm updates its running mean and variance in training. Positions of those arguments, by schema name.
+UNDECLARED_WRITES: dict[str, tuple[int, ...]] = {
+    "aten::native_batch_norm": (3, 4),
+    "aten::cudnn_batch_norm": (3, 4),
+    "aten::miopen_batch_norm": (3, 4),
+}
+
+
 def schema_writes(func: _compat.OpOverload) -> tuple[Path, ...]:
-    """Where an OpOverload's schema says it writes (``Tensor(a!)`` arguments); ``sac2.opinfo`` caches it."""
+    """Where an OpOverload writes: its ``Tensor(a!)`` arguments and the writes its schema leaves out
+    (``UNDECLARED_WRITES``); ``sac2.opinfo`` caches it."""
+    schema = _compat.schema(func)
+    undeclared = UNDECLARED_WRITES.get(schema.name, ())
     return tuple(
         ("k", a.name) if a.kwarg_only else ("a", i)
-        for i, a in enumerate(_compat.schema(func).arguments)
-        if a.alias_info is not None and a.alias_info.is_write
+        for i, a in enumerate(schema.arguments)
+        if (a.alias_info is not None and a.alias_info.is_write) or i in undeclared
     )
 
 
@@ -73,8 +90,8 @@ def _tensor_paths(args: tuple, kwargs: dict) -> list[tuple[Path, torch.Tensor]]:
 def tensor_versions(args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
     """Every tensor argument of a HOP call with its version, to see afterwards which ones the HOP wrote."""
     if not kwargs and all(type(a) is torch.Tensor or not isinstance(a, (list, tuple, dict)) for a in args):
-        return [(t, t._version) for t in args if isinstance(t, torch.Tensor)]  # no containers: no tree walk
-    return [(t, t._version) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        return [(t, _version(t)) for t in args if isinstance(t, torch.Tensor)]  # no containers: no tree walk
+    return [(t, _version(t)) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
 
 
 def writes_of(
@@ -97,7 +114,7 @@ def writes_of(
         return [(("k", "kwargs", name), kwargs["kwargs"][name]) for name in _compat.triton_written_args(kwargs)]
     if before is None:
         return []
-    changed = {id(t) for t, v in before if t._version != v}
+    changed = {id(t) for t, v in before if _version(t) != v}
     if changed:
         written = [(p, t) for p, t in _tensor_paths(args, kwargs) if id(t) in changed]
         # A written tensor inside a container sac2 cannot index (a custom pytree node) cannot be written back.

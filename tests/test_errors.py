@@ -69,7 +69,7 @@ class TestPolicyValidation(TestCase):
     def test_non_op_in_list(self) -> None:
         with self.assertRaises(ValueError) as cm:
             sac2.create_selective_checkpoint_contexts([aten.mm.default, "mm"])
-        self.assertExpectedInline(str(cm.exception), """sac2: 'mm' (type str) in the save list is not an op; list OpOverloads such as torch.ops.aten.mm.default, higher-order ops such as torch.ops.higher_order.flex_attention, or regions such as sac2.Region('attn').""")  # noqa: E501
+        self.assertExpectedInline(str(cm.exception), """Expected op in `op_list` to be an OpOverload, a higher-order op or a sac2.Region, but got 'mm' (type str); list OpOverloads such as torch.ops.aten.mm.default, higher-order ops such as torch.ops.higher_order.flex_attention, or regions such as sac2.Region('attn').""")  # noqa: E501
 
     def test_non_callable_non_list_policy(self) -> None:
         with self.assertRaises(TypeError) as cm:

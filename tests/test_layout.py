@@ -1,8 +1,10 @@
-"""The package's layout: every ``sac2.*`` submodule imports as a module, no exported name hides a submodule, and
-private torch names are used only in ``sac2/_compat.py`` (CONTRIBUTING.md: "every private torch API")."""
+"""The package's layout: every ``sac2.*`` submodule imports as a module, no exported name hides one, private torch
+names are used only in ``sac2/_compat/`` (CONTRIBUTING.md: "every private torch API"), and no module uses another
+module's private names."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import io
 import pkgutil
@@ -12,18 +14,28 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 import sac2
+from sac2 import _compat
 
 PACKAGE = Path(sac2.__file__).parent
-COMPAT = PACKAGE / "_compat.py"
+COMPAT = "_compat"
 
-#: Private torch names, as code (not comments or strings) spells them.
-PRIVATE = re.compile(
-    r"\btorch\._(?!_)\w*"  # torch._C, torch._ops, ... (also `from torch._x import`); not torch.__version__
-    r"|\btorch\.utils\._(?!_)\w*"
-    r"|\.(?:_op|_schema|_cdata|_overloadpacket|_should_skip_dynamo)\b"
-)
+#: Private torch names as code (not comments or strings) spells them: any path segment starting with one
+#: underscore under ``torch.`` (``torch._C``, ``torch.ops.aten._to_copy``,
+#: ``torch.distributed.algorithms._checkpoint``).
+PRIVATE_PATH = re.compile(r"\btorch(?:\.[A-Za-z]\w*)*\._(?!_)\w*")
+
+
+def _torch_private_attributes() -> frozenset[str]:
+    """Private attribute names of the torch objects sac2 handles (tensors, storages, modules, ops, HOPs,
+    generators, modes, FX graphs), instance attributes included."""
+    t = torch.randn(1)
+    objects = (t, t.untyped_storage(), nn.Linear(1, 1), torch.ops.aten.mm.default, torch.ops.aten.mm,
+               _compat.FLEX_ATTENTION, torch.Generator(), _compat.TorchDispatchMode(), torch.fx.Graph())
+    return frozenset(n for obj in objects for n in dir(obj) if n.startswith("_") and not n.startswith("__"))
 
 
 def _submodules() -> list[str]:
@@ -60,27 +72,74 @@ def _code_lines(path: Path) -> dict[int, str]:
     return dict(enumerate(lines, start=1))
 
 
+def _own_private_names(root: Path) -> set[str]:
+    """The underscore names the package defines itself: functions, classes, attributes it assigns, slots."""
+    names: set[str] = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+                names.add(node.value)  # __slots__ entries
+    return {n for n in names if n.startswith("_")}
+
+
 def private_torch_names(root: Path = PACKAGE) -> list[str]:
-    """``file:line: name`` for each private torch name used in code under ``root`` outside ``_compat.py``."""
+    """``file:line: name`` for each private torch name used in code under ``root`` outside ``_compat``: private
+    module paths under ``torch.``, and private attributes of torch objects the package does not define itself."""
+    attributes = _torch_private_attributes() - _own_private_names(root)
+    attribute = re.compile(r"\.(" + "|".join(sorted(map(re.escape, attributes))) + r")\b") if attributes else None
     found = []
     for path in sorted(root.rglob("*.py")):
-        if path == root / COMPAT.name:
+        if COMPAT in path.relative_to(root).parts or path.name == f"{COMPAT}.py":
             continue
         for number, line in _code_lines(path).items():
-            for match in PRIVATE.finditer(line):
-                found.append(f"{path.relative_to(root.parent)}:{number}: {match.group(0)}")
+            matches = [m.group(0) for m in PRIVATE_PATH.finditer(line)]
+            if attribute is not None:
+                matches += [m.group(0) for m in attribute.finditer(line)]
+            found += [f"{path.relative_to(root.parent)}:{number}: {m}" for m in matches]
     return found
 
 
 def test_private_torch_names_only_in_compat() -> None:
     found = private_torch_names()
-    assert found == [], "private torch names outside sac2/_compat.py:\n" + "\n".join(found)
+    assert found == [], "private torch names outside sac2/_compat/:\n" + "\n".join(found)
 
 
-def test_the_private_name_check_sees_code_and_not_comments_or_strings(tmp_path: Path) -> None:
+def cross_module_private_names(root: Path = PACKAGE, package: str = "sac2") -> list[str]:
+    """``file:line: name`` where a module imports or reads another module's private name (``_compat`` is the one
+    private module meant for every module)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == package:
+                for alias in node.names:
+                    if alias.name.startswith("_") and alias.name != COMPAT and not alias.name.startswith("__"):
+                        found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.module}.{alias.name}")
+                    modules.add(alias.asname or alias.name)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                    and node.attr.startswith("_") and not node.attr.startswith("__") and node.value.id != COMPAT):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names() -> None:
+    found = cross_module_private_names()
+    assert found == [], "private names used across modules:\n" + "\n".join(found)
+
+
+def test_the_private_name_checks_see_code_and_not_comments_or_strings(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "_compat.py").write_text("import torch._C\n")
+    (pkg / "_compat").mkdir(parents=True)
+    (pkg / "_compat" / "ops.py").write_text("import torch._C\n")
+    (pkg / "b.py").write_text("def _helper():\n    pass\n")
     (pkg / "a.py").write_text(
         "import torch\n"
         "from torch._ops import OpOverload  # torch._C in a comment\n"
@@ -88,10 +147,19 @@ def test_the_private_name_check_sees_code_and_not_comments_or_strings(tmp_path: 
         "y = op._schema.is_mutable\n"
         's = "torch._dynamo in a string"\n'
         "z = t.untyped_storage()._cdata\n"
+        "v = t._version + torch.ops.aten._to_copy.default\n"
+        "import torch.distributed.algorithms._checkpoint.checkpoint_wrapper\n"
+        "from pkg.b import _helper\n"
+        "from pkg import b\n"
+        "b._helper()\n"
     )
     assert private_torch_names(pkg) == [
         "pkg/a.py:2: torch._ops",
         "pkg/a.py:3: torch.utils._pytree",
         "pkg/a.py:4: ._schema",
         "pkg/a.py:6: ._cdata",
+        "pkg/a.py:7: torch.ops.aten._to_copy",
+        "pkg/a.py:7: ._version",
+        "pkg/a.py:8: torch.distributed.algorithms._checkpoint",
     ]
+    assert cross_module_private_names(pkg, "pkg") == ["pkg/a.py:9: pkg.b._helper", "pkg/a.py:11: b._helper"]

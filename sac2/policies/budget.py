@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from sac2 import _compat, keys
+from sac2 import _compat, keys, pickling
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
 from sac2.knapsack import Solution, solve
 from sac2.opinfo import IGNORE, VIEW, info
@@ -85,7 +85,7 @@ class MemoryBudget:
 
     def __getstate__(self) -> dict:
         # The keys' ops pickle by their path under torch.ops (sac2._compat), HOPs made after sac2's import too.
-        _compat.register_op_pickling(c.key for c in self.profile.calls)
+        pickling.register_op_pickling(c.key for c in self.profile.calls)
         return self.__dict__
 
     def why(self, key: Any, index: int) -> str:

@@ -19,11 +19,13 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from sac2 import _compat
+from sac2 import _compat, pickling
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
 from sac2.keys import Region
 
 __all__ = [
+    "lookup",
+    "import_op_modules",
     "llm_save_list",
     "llm",
     "every_other_matmul",
@@ -91,8 +93,8 @@ _COMMUNICATION = tuple(
 _MODULES_THAT_REGISTER_OPS = ("torch.nn.attention.varlen",)  # registers torch_attn._varlen_attn on import
 
 
-def _lookup(path: str) -> Any:
-    """``torch.ops.<path>``, or None when the running torch does not have it."""
+def lookup(path: str) -> Any:
+    """``torch.ops.<path>``, or None when the running torch does not have it (presets list ops by path)."""
     obj: Any = torch.ops
     for part in path.split("."):
         try:
@@ -102,7 +104,8 @@ def _lookup(path: str) -> Any:
     return obj
 
 
-def _import_op_modules() -> None:
+def import_op_modules() -> None:
+    """Import the torch modules that register ops some presets list (``torch_attn._varlen_attn``)."""
     for name in _MODULES_THAT_REGISTER_OPS:
         try:
             importlib.import_module(name)
@@ -117,8 +120,8 @@ def llm_save_list() -> frozenset:
     Also flex_attention and compiled regions (``inductor_compiled_code``). Ops the running torch lacks are
     left out, so the same call works across torch versions and builds.
     """
-    _import_op_modules()
-    ops = {_lookup(path) for path in _COMPUTE + _COMMUNICATION}
+    import_op_modules()
+    ops = {lookup(path) for path in _COMPUTE + _COMMUNICATION}
     ops.add(_compat.FLEX_ATTENTION)
     ops.add(_compat.INDUCTOR_COMPILED_CODE)
     ops.discard(None)
@@ -148,7 +151,7 @@ class _LLM:
         return PREFER_RECOMPUTE
 
     def __reduce__(self) -> tuple:
-        _compat.register_op_pickling(self.ops)
+        pickling.register_op_pickling(self.ops)
         return _LLM, (self.ops,)
 
     def __repr__(self) -> str:
@@ -157,7 +160,7 @@ class _LLM:
 
 def _is_device_to_host(op: Any, args: tuple, kwargs: dict) -> bool:
     # Recomputing an offload would copy to the host again in backward: exactly the transfer it was meant to pay once.
-    if op is not torch.ops.aten._to_copy.default or not args:
+    if op is not _compat.TO_COPY or not args:
         return False
     device = kwargs.get("device")
     return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
@@ -172,11 +175,11 @@ def llm() -> PolicyFn:
     return _LLM(llm_save_list())
 
 
-_MATMULS = tuple(op for op in map(_lookup, _MATMUL_PATHS) if op is not None)
+_MATMULS = tuple(op for op in map(lookup, _MATMUL_PATHS) if op is not None)
 #: The matmuls an ``nn.Linear`` runs as, whose right-hand side is its weight (``recompute_linears`` reads it).
 _LINEAR_MATMULS = tuple(
     op
-    for op in map(_lookup, ("aten.mm.default", "aten.addmm.default", "aten.linear.default", "aten._scaled_mm.default"))
+    for op in map(lookup, ("aten.mm.default", "aten.addmm.default", "aten.linear.default", "aten._scaled_mm.default"))
     if op is not None
 )
 

@@ -12,13 +12,13 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from sac2 import _compat
+from sac2 import _compat, pickling
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state
-from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, _import_op_modules, _lookup
+from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, import_op_modules, lookup
 
 __all__ = ["torchtitan_save_list", "torchtitan"]
 
-_TO_COPY = torch.ops.aten._to_copy.default
+_TO_COPY = _compat.TO_COPY
 _TITAN_MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.linear.default)
 _TITAN_COMPUTE = (
     "aten._scaled_dot_product_cudnn_attention.default",
@@ -44,9 +44,9 @@ def torchtitan_save_list() -> frozenset:
     """torchtitan 0.3.0's default save list (``_get_default_save_ops``): the partitioner's compute-intensive ops,
     SDPA, max, linear, topk, flex_attention, compiled regions, reduce-scatter and all-to-all, and the DeepEP and
     HybridEP dispatch/combine ops. Optional ops are in only when registered at the time of the call."""
-    _import_op_modules()
+    import_op_modules()
     ops = set(_compat.partitioner_compute_intensive_ops())
-    ops.update(_lookup(path) for path in _TITAN_COMPUTE + _TITAN_COMMUNICATION)
+    ops.update(lookup(path) for path in _TITAN_COMPUTE + _TITAN_COMMUNICATION)
     ops.add(_compat.FLEX_ATTENTION)
     ops.add(_compat.INDUCTOR_COMPILED_CODE)
     ops.discard(None)
@@ -78,7 +78,7 @@ class _Torchtitan:
         return MUST_SAVE if id(op) in self._ids else PREFER_RECOMPUTE
 
     def __reduce__(self) -> tuple:
-        _compat.register_op_pickling(self.ops)
+        pickling.register_op_pickling(self.ops)
         return _Torchtitan, (self.ops, self.shapes)
 
     def __repr__(self) -> str:

@@ -1,9 +1,11 @@
 """The fuzzer's long mode: ``python -m tests.fuzz --cases N --seed S [--report FILE]``.
 
 Runs seeds S .. S+N-1, prints a summary table, the failure classes (with the smallest case of each) and one
-reproducer line per failing case; exits 1 when any case fails. ``--only SEED --verbose`` runs one case and prints
-its program as Python source; ``--shrink`` also deletes statements, outputs and saved ops while the same failure
-remains, and prints the smallest program found.
+reproducer line per failing case; exits 1 when any case fails. A failure class is sac2's verdict (``wrong``,
+``unclear_error``, ``false_divergence``, or ``needless_error``: sac2 raised where stock SAC or plain checkpoint is
+right) and the first difference. ``--only SEED --verbose`` runs one case and prints its program as Python source;
+``--shrink`` also deletes statements, outputs and saved ops while the same failure remains, and prints the
+smallest program found.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def shrink(result: CaseResult, budget: int = 300) -> CaseResult:
             p = best.program
             if i < len(p.policy.ops):
                 ops = p.policy.ops[:i] + p.policy.ops[i + 1 :]
-                changed |= attempt(dataclasses.replace(p, policy=dataclasses.replace(p.policy, ops=ops)))
+                answers = p.policy.answers[:i] + p.policy.answers[i + 1 :]  # "answers" policies: one per op
+                policy = dataclasses.replace(p.policy, ops=ops, answers=answers)
+                changed |= attempt(dataclasses.replace(p, policy=policy))
     return best
 
 
@@ -87,11 +91,11 @@ def summarize(results: list[CaseResult], seconds: float) -> str:
         f"sac2 differential fuzz: {len(results)} cases in {seconds:.0f} s",
         "",
         "| cases | valid | sac2 exact | sac2 clear error | sac2 silently wrong | sac2 unclear error | "
-        "sac2 false divergence | stock exact | plain checkpoint wrong | failing | reported |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "sac2 false divergence | sac2 needless error | stock exact | plain checkpoint wrong | failing | reported |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         f"| {len(results)} | {len(valid)} | {_pct(sac2['exact'], len(valid))} "
         f"| {_pct(sac2['clear_error'], len(valid))} "
-        f"| {sac2['wrong']} | {sac2['unclear_error']} | {sac2['false_divergence']} "
+        f"| {sac2['wrong']} | {sac2['unclear_error']} | {sac2['false_divergence']} | {sac2['needless_error']} "
         f"| {_pct(stock['exact'], len(valid))} "
         f"| {sum(r.plain != 'exact' for r in valid)} | {len(failing)} | {len(reported)} |",
         "",
@@ -99,6 +103,13 @@ def summarize(results: list[CaseResult], seconds: float) -> str:
         f"{stock['clear_error'] + stock['unclear_error'] + stock['false_divergence']} "
         f"errors (not judged). Invalid programs (the un-checkpointed run fails): {len(results) - len(valid)}.",
     ]
+    # Reported (plain checkpoint is wrong too, e.g. torch's early stop) yet stock SAC is exact: worth a look.
+    stock_only = [r.seed for r in reported if r.stock == "exact" and r.sac2 != "exact"]
+    if stock_only:
+        lines.append(
+            f"Reported cases where stock SAC is exact and sac2 is not: {len(stock_only)} "
+            f"(seeds {', '.join(map(str, stock_only[:20]))}{', ...' if len(stock_only) > 20 else ''})."
+        )
     if failing:
         classes: dict[str, list[CaseResult]] = collections.defaultdict(list)
         for r in failing:

@@ -22,10 +22,21 @@ from torch._ops import HigherOrderOperator
 import sac2
 from sac2 import CheckpointPolicy
 
-__all__ = ["Program", "PolicySpec", "InputSpec", "generate", "namespace", "op_key", "KINDS", "BACKWARDS"]
+__all__ = [
+    "Program", "PolicySpec", "InputSpec", "Answers", "generate", "namespace", "op_key", "KINDS", "BACKWARDS",
+    "ANSWERS",
+]  # fmt: skip
 
 D = 4  # every dimension the generator picks is D or 2: small tensors, many ops per millisecond
-BACKWARDS = ("grad", "backward", "twice", "split", "double", "no_grad")
+#: How a case runs backward (``tests.fuzz.oracle`` runs them): ``grad`` autograd.grad of all outputs;
+#: ``backward`` one backward; ``twice`` backward(retain_graph=True) then backward; ``split`` grad of some outputs,
+#: then of the others; ``double`` grad(create_graph=True), then grad of a function of those gradients;
+#: ``double_backward`` the same with .backward() second; ``grad_subset`` grad of a subset of the outputs;
+#: ``inputs_subset`` backward(inputs=[...]) on a subset of the inputs; ``no_grad`` forward only, under no_grad.
+BACKWARDS = (
+    "grad", "backward", "twice", "split", "double", "double_backward", "grad_subset", "inputs_subset", "no_grad",
+)  # fmt: skip
+DOUBLE = ("double", "double_backward")  # the styles that differentiate twice
 
 # ---- what programs can call besides torch: custom ops, an autograd.Function, a HOP, regions ----
 
@@ -188,6 +199,28 @@ class EveryK:
         return CheckpointPolicy.MUST_SAVE if (n + self.offset) % self.k == 0 else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+#: The answers an ``Answers`` policy draws from, by name, with weights: CPU offload often (on CPU tensors sac2
+#: treats it as a save, through code of its own; stock SAC recomputes), every other answer sometimes.
+ANSWERS = {
+    "MUST_CPU_OFFLOAD": 3, "PREFER_CPU_OFFLOAD": 3, "MUST_SAVE": 2, "PREFER_SAVE": 2, "MUST_RECOMPUTE": 1,
+    "PREFER_RECOMPUTE": 1,
+}  # fmt: skip
+
+
+@dataclasses.dataclass
+class Answers:
+    """An answer per op, by ``op_key`` name (``{'aten.mm.default': 'MUST_CPU_OFFLOAD'}``); PREFER_RECOMPUTE for
+    ops it does not name."""
+
+    answers: dict[str, str]
+
+    def __post_init__(self) -> None:
+        self._by_key = {k: getattr(CheckpointPolicy, v) for k, v in self.answers.items()}
+
+    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._by_key.get(op_key(op), CheckpointPolicy.PREFER_RECOMPUTE)
+
+
 @dataclasses.dataclass
 class Constant:
     """Always the same answer."""
@@ -211,9 +244,11 @@ _PRESETS = {
 class PolicySpec:
     """How to build a fresh policy (policies may count calls, so each run gets its own)."""
 
-    kind: str  # "list", "hash", "every_k", "constant", "preset"
-    ops: tuple[str, ...] = ()  # for "list": op names (``aten.mm.default``) and ``region NAME``
-    pick: float = 0.0  # for "list" before the ops are known: the fraction of ops seen that it keeps
+    kind: str  # "list", "answers", "hash", "every_k", "constant", "preset"
+    ops: tuple[str, ...] = ()  # for "list" and "answers": op names (``aten.mm.default``) and ``region NAME``
+    answers: tuple[str, ...] = ()  # for "answers": the answer (a ``CheckpointPolicy`` name) for each op of ``ops``
+    pick: float = 0.0  # for "list"/"answers" before the ops are known: the fraction of ops seen that it keeps
+    same: bool = False  # for "answers" before the ops are known: one answer for every op it keeps
     salt: int = 0
     k: int = 2
     answer: Any = True
@@ -223,6 +258,8 @@ class PolicySpec:
         """The policy object; ``stock=True`` leaves regions out of a list (stock torch cannot see them)."""
         if self.kind == "list":
             return [_op_of(name) for name in self.ops if not (stock and name.startswith("region "))]
+        if self.kind == "answers":
+            return Answers(dict(zip(self.ops, self.answers)))
         if self.kind == "hash":
             return HashPolicy(self.salt)
         if self.kind == "every_k":
@@ -234,6 +271,8 @@ class PolicySpec:
     def source(self) -> str:
         if self.kind == "list":
             return "[" + ", ".join(_op_source(name) for name in self.ops) + "]"
+        if self.kind == "answers":
+            return f"tests.fuzz.programs.Answers({dict(zip(self.ops, self.answers))!r})"
         if self.kind == "hash":
             return f"tests.fuzz.programs.HashPolicy(salt={self.salt})"
         if self.kind == "every_k":
@@ -263,15 +302,23 @@ def _op_source(name: str) -> str:
 
 
 def _random_policy(rng: random.Random) -> PolicySpec:
-    kind = rng.choices(["list", "hash", "every_k", "constant", "preset"], [40, 25, 12, 8, 15])[0]
+    kind = rng.choices(["list", "answers", "hash", "every_k", "constant", "preset"], [30, 30, 18, 8, 8, 10])[0]
     if kind == "list":
         return PolicySpec("list", pick=rng.choice([0.2, 0.5, 0.8, 1.0]), salt=rng.randrange(1 << 30))
+    if kind == "answers":
+        pick = rng.choice([0.3, 0.5, 0.8, 1.0])
+        return PolicySpec("answers", pick=pick, same=rng.random() < 0.4, salt=rng.randrange(1 << 30))
     if kind == "hash":
         return PolicySpec("hash", salt=rng.randrange(1 << 30))
     if kind == "every_k":
         return PolicySpec("every_k", k=rng.choice([2, 3, 5]), salt=rng.randrange(10))
     if kind == "constant":
-        return PolicySpec("constant", answer=rng.choice([True, False, CheckpointPolicy.MUST_CPU_OFFLOAD]))
+        return PolicySpec(
+            "constant",
+            answer=rng.choice(
+                [True, False, CheckpointPolicy.MUST_CPU_OFFLOAD, CheckpointPolicy.PREFER_CPU_OFFLOAD]
+            ),
+        )
     return PolicySpec("preset", preset=rng.choice(sorted(_PRESETS)))
 
 
@@ -307,6 +354,8 @@ class Program:
     backward: str
     split: int = 1  # "split": how many outputs the first backward takes
     retain_first: bool = True  # "split": whether the first backward retains the graph
+    out_mask: int = 1  # "grad_subset": bit j keeps the j-th output that requires grad (none kept: the last)
+    in_mask: int = 1  # "inputs_subset": bit j keeps the j-th input that requires grad (none kept: the last)
     preserve_rng_state: bool = True
     kinds: tuple[str, ...] = ()
 
@@ -342,7 +391,11 @@ class Program:
             f"{' grad' if i.requires_grad else ''}"
             for i in self.inputs
         )
-        split = f" split={self.split} retain_first={self.retain_first}" if self.backward == "split" else ""
+        split = {
+            "split": f" split={self.split} retain_first={self.retain_first}",
+            "grad_subset": f" out_mask={self.out_mask:#b}",
+            "inputs_subset": f" in_mask={self.in_mask:#b}",
+        }.get(self.backward, "")
         return (
             f"# seed {self.seed}; inputs {inputs}\n"
             f"# policy = {self.policy.source()}\n"
@@ -492,7 +545,7 @@ def k_linear(g: Gen) -> list[str] | None:
     w = a and g.pick(lambda v: (v.dtype == a.dtype or g.autocast) and v.shape == (D, D))
     if not w:
         return None
-    bias = g.pick(lambda v: v.dtype == a.dtype and v.shape in ((D,), (D, D))) if len(a.shape) == 2 else None
+    bias = g.pick(lambda v: v.dtype == a.dtype and v.shape in ((D,), (a.shape[0], D))) if len(a.shape) == 2 else None
     out = g.new(a.shape, _mm_dtype(g, a, w))
     g.freeze(a, w)
     if bias is not None and g.rng.random() < 0.5:
@@ -537,6 +590,10 @@ def k_view(g: Gen) -> list[str] | None:
         options.append((f"{a.name}.squeeze(0)", s[1:]))
     if len(s) == 1:
         options.append((f"{a.name}.expand(2, {s[0]})", (2, s[0])))
+    if s[0] >= 2:
+        options.append((f"{a.name}[::2]", ((s[0] + 1) // 2,) + s[1:]))
+    if a.dtype in (torch.float32, torch.float64):  # a cast to its own dtype returns the tensor itself
+        options.append((f"{a.name}.{'float' if a.dtype == torch.float32 else 'double'}()", s))
     src, shape = g.rng.choice(options)
     out = g.new(shape, a.dtype, view_of=a)
     out.expanded = out.expanded or ".expand(" in src
@@ -598,17 +655,225 @@ def k_out(g: Gen) -> list[str] | None:
     if a is None:
         return None
     o = g.new(a.shape, a.dtype)
-    alloc = g.rng.choice([f"torch.empty(0, dtype={a.dtype})", f"torch.empty_like({a.name})"])
-    fn = g.rng.choice(
+    alloc = g.rng.choice(
         [
-            f"torch.mul({a.name}.detach(), 2.0, out={o.name})",
-            f"torch.sin({a.name}.detach(), out={o.name})",
-            f"torch.add({a.name}.detach(), {a.name}.detach(), out={o.name})",
+            f"torch.empty(0, dtype={a.dtype})",
+            f"torch.empty_like({a.name})",
+            f"{a.name}.new_empty(0)",
+            f"torch.zeros({list(a.shape)}, dtype={a.dtype})",
         ]
     )
+    d = f"{a.name}.detach()"
+    forms = [
+        f"torch.mul({d}, 2.0, out={o.name})",
+        f"torch.sin({d}, out={o.name})",
+        f"torch.add({d}, {d}, out={o.name})",
+        f"torch.ops.aten.exp.out({d}, out={o.name})",
+        f"torch.cumsum({d}, -1, out={o.name})",
+        f"torch.ops.aten.addcmul.out({d}, {d}, {d}, value=0.5, out={o.name})",
+    ]
+    if len(a.shape) == 2 and a.shape[0] == a.shape[1]:
+        forms.append(f"torch.mm({d}, {d}, out={o.name})")
     r = g.new(a.shape, a.dtype)
-    g.freeze(a)
-    return [f"{o.name} = {alloc}", fn, f"{r.name} = {a.name} * {o.name}"]
+    g.freeze(a, o)
+    use = g.rng.choice(
+        [f"{a.name} * {o.name}", f"{a.name} + {o.name}.sin()", f"torch.where({o.name} > 0, {a.name}, 0.0)"]
+    )
+    return [f"{o.name} = {alloc}", g.rng.choice(forms), f"{r.name} = {use}"]
+
+
+def k_out_multi(g: Gen) -> list[str] | None:
+    """A two-output ``out=`` op (values and int64 indices) on detached values, writing into factory buffers, then
+    both buffers read with grad: ``torch.gather`` with the indices, a product with the values."""
+    a = g.pick(lambda v: _float(v) and len(v.shape) >= 1 and v.shape[-1] >= 2)
+    if a is None:
+        return None
+    d = f"{a.name}.detach()"
+    fn, shape = g.rng.choice(
+        [
+            ("torch.cummax({d}, -1, out=({v}, {i}))", a.shape),
+            ("torch.cummin({d}, -1, out=({v}, {i}))", a.shape),
+            ("torch.sort({d}, -1, out=({v}, {i}))", a.shape),
+            ("torch.max({d}, -1, keepdim=True, out=({v}, {i}))", a.shape[:-1] + (1,)),
+            ("torch.kthvalue({d}, 2, -1, keepdim=True, out=({v}, {i}))", a.shape[:-1] + (1,)),
+        ]
+    )
+    v = g.new(shape, a.dtype)
+    i = g.new(shape, torch.int64)
+    g.vars.remove(i)  # only read here: later kinds would need int64-aware picks
+    alloc_v = g.rng.choice([f"torch.empty(0, dtype={a.dtype})", f"{a.name}.new_empty(0)", f"torch.empty_like({d})"])
+    alloc_i = g.rng.choice(["torch.empty(0, dtype=torch.int64)", f"{a.name}.new_empty(0, dtype=torch.int64)"])
+    r1 = g.new(a.shape, a.dtype)
+    r2 = g.new(shape, a.dtype)
+    g.freeze(a, v)
+    return [
+        f"{v.name} = {alloc_v}",
+        f"{i.name} = {alloc_i}",
+        fn.format(d=d, v=v.name, i=i.name),
+        f"{r1.name} = {a.name} * {v.name}",
+        f"{r2.name} = torch.gather({a.name}, -1, {i.name})",
+    ]
+
+
+def k_rrelu(g: Gen) -> list[str] | None:
+    """rrelu in training: ``rrelu_with_noise(self, Tensor(b!) noise, ...)`` writes its noise into an ``empty_like``
+    buffer made just before it, and its backward reads that buffer (the in-place form writes ``self`` too)."""
+    a = g.pick(_float)
+    if a is None:
+        return None
+    out = g.new(a.shape, a.dtype)
+    g.freeze(a, out)
+    bounds = g.rng.choice(["", "0.1, 0.4, "])
+    form = g.rng.choice(["F.rrelu", "torch.rrelu", "inplace", "torch.rrelu_"])
+    if form == "inplace":
+        call = f"F.rrelu({out.name}, {bounds}training=True, inplace=True)"
+    elif form == "torch.rrelu_":
+        call = f"torch.rrelu_({out.name}, {bounds}training=True)"
+    else:
+        return [f"{out.name} = {form}({a.name}, {bounds}training=True)"]
+    return [f"{out.name} = {a.name} * {g.rng.choice([1.5, -0.5])}", call]  # a fresh tensor to write in place
+
+
+def k_norm_stats(g: Gen) -> list[str] | None:
+    """batch_norm / instance_norm in training, with running statistics that factory ops made inside the region:
+    the norm writes them (``native_batch_norm``, whose schema does not mark them written; instance_norm
+    ``copy_``s into them) and later ops read them."""
+    a = g.pick(lambda v: _float(v) and v.dtype != torch.bfloat16 and len(v.shape) in (2, 3) and v.shape[:2] == (D, D))
+    if a is None:
+        return None
+    dt = str(a.dtype)
+    zeros = g.rng.choice(
+        [
+            f"torch.zeros({D}, dtype={dt})",
+            f"{a.name}.new_zeros({D})",
+            f"torch.empty({D}, dtype={dt}).zero_()",
+            f"{a.name}.new_empty({D}).fill_(0.25)",
+        ]
+    )
+    ones = g.rng.choice(
+        [f"torch.ones({D}, dtype={dt})", f"{a.name}.new_ones({D})", f"torch.full(({D},), 2.0, dtype={dt})"]
+    )
+    rm, rv = g.new((D,), a.dtype), g.new((D,), a.dtype)
+    momentum = g.rng.choice(["0.3", "1.0"])
+    if len(a.shape) == 3 and g.rng.random() < 0.4:
+        call = f"F.instance_norm({a.name}, {rm.name}, {rv.name}, use_input_stats=True, momentum=0.3)"
+    else:
+        w = g.pick(lambda v: v.shape == (D,) and v.dtype == a.dtype and v not in (rm, rv))
+        affine = f"{w.name}, {w.name} * 0.5, " if w is not None and g.rng.random() < 0.5 else ""
+        call = f"F.batch_norm({a.name}, {rm.name}, {rv.name}, {affine}training=True, momentum={momentum})"
+    out = g.new(a.shape, a.dtype)
+    r = g.new(a.shape, a.dtype)
+    g.freeze(a, rm, rv, out)
+    read = g.rng.choice([f"{out.name} * {rv.name} + {rm.name}", f"{out.name} + {rm.name}.exp() * {rv.name}"])
+    return [f"{rm.name} = {zeros}", f"{rv.name} = {ones}", f"{out.name} = {call}", f"{r.name} = {read}"]
+
+
+def k_index_write(g: Gen) -> list[str] | None:
+    """An indexed in-place write (``scatter_add_``, ``index_put_``, ...) of a value with grad into a buffer a
+    factory op made inside the region, then the buffer read."""
+    if g.no_grad:
+        return None
+    a = g.pick(lambda v: _float(v) and len(v.shape) == 2 and v.shape[-1] == D)
+    src = a and g.pick(lambda v: v.shape == a.shape and v.dtype == a.dtype)
+    if not src:
+        return None
+    rows, dt, shape = a.shape[0], a.dtype, list(a.shape)
+    make = g.rng.choice(
+        [
+            f"torch.zeros_like({a.name})",
+            f"{a.name}.new_zeros({shape})",
+            f"torch.zeros({shape}, dtype={dt})",
+            f"torch.empty_like({a.name}).zero_()",
+            f"torch.full({shape}, 0.5, dtype={dt})",
+        ]
+    )
+    buf = g.new(a.shape, dt)
+    cols = [[g.rng.randrange(D) for _ in range(D)] for _ in range(rows)]
+    perm = [g.rng.sample(range(D), D) for _ in range(rows)]
+    at = [g.rng.randrange(rows) for _ in range(rows)]
+    write = g.rng.choice(
+        [
+            f"{buf.name}.scatter_add_(1, torch.tensor({cols}), {src.name})",
+            f"{buf.name}.scatter_(1, torch.tensor({perm}), {src.name})",
+            f"{buf.name}.index_put_((torch.tensor({at}),), {src.name}, accumulate=True)",
+            f"{buf.name}.index_add_(0, torch.tensor({at}), {src.name}, alpha=2.0)",
+            f"{buf.name}.index_copy_(0, torch.tensor({g.rng.sample(range(rows), rows)}), {src.name})",
+            f"{buf.name}.masked_scatter_({src.name}.detach() > 0, {src.name})",
+        ]
+    )
+    c = g.pick(lambda v: v.shape == a.shape and v.dtype == dt and v is not buf)
+    read, shape = g.rng.choice(
+        [
+            (f"{buf.name} * {c.name}", a.shape),
+            (f"torch.tanh({buf.name})", a.shape),
+            (f"{buf.name} @ {c.name}.t()", (rows, rows)),
+        ]
+    )
+    out = g.new(shape, dt)
+    g.freeze(src, buf, c, out)
+    return [f"{buf.name} = {make}", write, f"{out.name} = {read}"]
+
+
+def k_fill(g: Gen) -> list[str] | None:
+    """A factory buffer filled in place by a random op (``exponential_``, ``uniform_``, ...), maybe scaled in
+    place as dropout's mask is, then read by a product whose backward reads it too."""
+    a = g.pick(lambda v: _float(v) and len(v.shape) >= 1)
+    if a is None:
+        return None
+    make = g.rng.choice(
+        [
+            f"torch.empty_like({a.name})",
+            f"{a.name}.new_empty({list(a.shape)})",
+            f"torch.empty({list(a.shape)}, dtype={a.dtype})",
+            f"torch.zeros_like({a.name})",
+        ]
+    )
+    fill = g.rng.choice(
+        [
+            "exponential_()", "exponential_(2.0)", "uniform_(-1.0, 1.0)", "normal_()", "normal_(0.5, 2.0)",
+            "cauchy_()", "log_normal_()", "geometric_(0.3)", "random_(0, 3)", "bernoulli_(0.5)",
+        ]
+    )  # fmt: skip
+    n = g.new(a.shape, a.dtype)
+    out = g.new(a.shape, a.dtype)
+    g.freeze(a, n)
+    lines = [f"{n.name} = {make}.{fill}"] if g.rng.random() < 0.5 else [f"{n.name} = {make}", f"{n.name}.{fill}"]
+    if g.rng.random() < 0.3:
+        lines.append(f"{n.name}.div_(0.7)")
+    return lines + [f"{out.name} = {a.name} * {n.name}"]
+
+
+def k_buffered(g: Gen) -> list[str] | None:
+    """Functional ops that make a buffer inside and write it (``log_sigmoid_forward``'s buffer, indices of
+    ``cummax``/``sort``/``max_pool``, ``nll_loss``'s total weight, ``fractional_max_pool``'s random samples),
+    read by their backward."""
+    a = g.pick(lambda v: _float(v) and len(v.shape) >= 1 and v.shape[-1] >= 2)
+    if a is None:
+        return None
+    s, n = a.shape, a.name
+    forms = [
+        (f"F.logsigmoid({n})", s),
+        (f"torch.cummax({n}, -1).values", s),
+        (f"torch.cummin({n}, -1)[0]", s),
+        (f"torch.sort({n}, -1, descending=True).values", s),
+        (f"torch.kthvalue({n}, 2, -1, keepdim=True).values", s[:-1] + (1,)),
+        (f"torch.topk({n}, 2).values", s[:-1] + (2,)),
+    ]
+    if len(s) in (2, 3) and s[-1] % 2 == 0:
+        forms.append((f"F.max_pool1d({n}, 2, return_indices=True)[0]", s[:-1] + (s[-1] // 2,)))
+    if len(s) == 2 and s[-1] == D and a.dtype != torch.bfloat16:
+        idx = [g.rng.randrange(D) for _ in range(s[0])]
+        forms.append((f"F.nll_loss(F.log_softmax({n}, -1), torch.tensor({idx}), reduction='sum')", ()))
+        forms.append((f"F.multilabel_margin_loss({n}, torch.tensor({[idx[:1] + [-1] * (D - 1)] * s[0]}))", ()))
+    if len(s) in (2, 3) and s[-2:] == (D, D) and a.dtype != torch.bfloat16:
+        forms.append((f"F.fractional_max_pool2d({n}{'.unsqueeze(0)' if len(s) == 2 else ''}, 2, output_size=2)",
+                      (1 if len(s) == 2 else s[0], 2, 2)))  # fmt: skip
+    src, shape = g.rng.choice(forms)
+    if "multilabel" in src:
+        g.twice_ok = False  # multilabel_margin_loss_backward has no derivative
+    out = g.new(shape, a.dtype)
+    g.freeze(a, out)
+    return [f"{out.name} = {src}"]
 
 
 def k_random(g: Gen) -> list[str] | None:
@@ -623,7 +888,9 @@ def k_random(g: Gen) -> list[str] | None:
             "{a} + torch.randn_like({a})",
             "{a} * torch.empty_like({a}).bernoulli_(0.5)",
             "{a} + torch.rand({shape}, dtype={dt})",
+            "F.alpha_dropout({a}, p=0.3, training=True)",
         ]
+        + (["F.dropout1d({a}, p=0.5, training=True)"] if len(a.shape) in (2, 3) else [])
     )
     g.freeze(a)
     return [f"{out.name} = " + form.format(a=a.name, shape=list(a.shape), dt=a.dtype)]
@@ -710,7 +977,7 @@ def k_custom(g: Gen) -> list[str] | None:
         return [f"{out.name} = torch.ops.sac2_fuzz.scale({a.name}, {g.rng.choice([0.5, 3.0])})"]
     buf = g.new(a.shape, a.dtype)
     out = g.new(a.shape, a.dtype)
-    g.freeze(a)
+    g.freeze(a, buf)  # the product saves buf for backward
     return [
         f"{buf.name} = torch.zeros_like({a.name}.detach())",
         f"torch.ops.sac2_fuzz.add_into_({buf.name}, {a.name}.detach().cos())",
@@ -761,7 +1028,9 @@ def _block(g: Gen, header: str, flag: str, kinds: list[str]) -> list[str] | None
 
 def k_no_grad(g: Gen) -> list[str] | None:
     n = len(g.vars)
-    lines = _block(g, "with torch.no_grad():", "no_grad", ["unary", "binary", "matmul", "random", "custom"])
+    lines = _block(g, "with torch.no_grad():", "no_grad", [
+        "unary", "binary", "matmul", "random", "custom", "fill", "rrelu"
+    ])  # fmt: skip
     for v in g.vars[n:]:
         v.expanded = True  # made under no_grad: in-place writes later are fine, but keep it simple
     return lines
@@ -818,6 +1087,12 @@ KINDS: dict[str, Kind] = {
     "inplace": k_inplace,
     "factory": k_factory,
     "out": k_out,
+    "out_multi": k_out_multi,
+    "rrelu": k_rrelu,
+    "norm_stats": k_norm_stats,
+    "index_write": k_index_write,
+    "fill": k_fill,
+    "buffered": k_buffered,
     "random": k_random,
     "nn": k_nn,
     "combine": k_combine,
@@ -833,7 +1108,8 @@ KINDS: dict[str, Kind] = {
 WEIGHTS = {
     "unary": 10, "binary": 10, "scalar": 4, "matmul": 10, "linear": 5, "reduce": 4, "view": 8, "inplace": 8,
     "factory": 4, "out": 3, "random": 6, "nn": 5, "combine": 4, "meta_inplace": 3, "custom": 3, "function": 2,
-    "hop": 2, "region": 3, "no_grad": 2, "autocast": 2, "nested": 3,
+    "hop": 2, "region": 3, "no_grad": 2, "autocast": 2, "nested": 3, "out_multi": 2, "rrelu": 3, "norm_stats": 3,
+    "index_write": 3, "fill": 3, "buffered": 3,
 }  # fmt: skip
 NESTABLE = [k for k in KINDS if k not in ("nested", "no_grad", "autocast")]
 _NJT_KINDS = ["njt_unary", "njt_scalar", "njt_binary", "njt_linear", "njt_layer_norm"]
@@ -904,10 +1180,12 @@ def generate(seed: int) -> Program:
             g.statements.append([f"{out.name} = {g.vars[-2].name} * 2"])
             made = [out.name]
         outputs = sorted(set([made[-1]] + rng.sample(made, min(len(made), rng.randint(0, 2)))), key=made.index)
-        styles = [s for s in BACKWARDS if s != "double" or g.twice_ok]
+        styles = [s for s in BACKWARDS if s not in DOUBLE or g.twice_ok]
         program = Program(seed, inputs, g.statements, outputs, policy, rng.choice(styles), kinds=tuple(g.kinds))
         program.split = rng.randint(1, max(1, len(outputs) - 1)) if len(outputs) > 1 else 1
         program.retain_first = rng.random() < 0.7
+        program.out_mask = rng.randrange(1, 1 << len(outputs)) if len(outputs) > 1 else 1
+        program.in_mask = rng.randrange(1, 1 << len(inputs))
     program.preserve_rng_state = rng.random() < 0.85
     return program
 

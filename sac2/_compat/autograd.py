@@ -1,0 +1,308 @@
+"""torch's autograd internals sac2's frame needs: saved-tensor hooks and SavedTensor, graph tasks, and the RNG,
+autocast and device-context state a recompute replays.
+
+Each shim names, in a ``Removable:`` line, the torch change that would let it go. They all hold on torch 2.13-2.15.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.overrides as _overrides
+import torch.utils._device as _device
+import torch.utils.checkpoint as _tuc
+
+from sac2._compat.ops import tree_leaves
+
+__all__ = [
+    "noop_context_fn", "backward_keeps_graph", "in_checkpoint_forward", "user_saved_tensors_hooks",
+    "checkpoint_devices", "autocast_state", "autocast_contexts", "rng_states",
+    "set_rng_states", "device_initialized_since", "device_context", "fresh_device_context", "make_saved_tensor",
+    "unpack_saved_tensor", "graph_exec_group", "graph_task", "push_checkpoint_hooks", "pop_checkpoint_hooks",
+    "set_grad_enabled",
+
+]
+
+
+#: torch's "no context" sentinel: dynamo recognises exactly this object as "no selective policy".
+# Removable: never: torch's public sentinel, kept here beside the frame's other checkpoint facts.
+noop_context_fn = _tuc.noop_context_fn
+
+
+def backward_keeps_graph() -> bool:
+    """Whether the running backward was asked to keep its graph (``retain_graph=True``): then a later backward
+    can recompute the same region again, so what recompute serves must stay in the record.
+
+    Removable: autograd exposes the running graph task's keep_graph publicly.
+    """
+    return torch._C._autograd._get_current_graph_task_keep_graph()
+
+#: The code of the pack hook torch's non-reentrant checkpoint pushes for its forward (``_checkpoint_hook``).
+_CHECKPOINT_PACK = next(
+    (c for c in _tuc._checkpoint_hook.__init__.__code__.co_consts if getattr(c, "co_name", None) == "pack_hook"), None
+)
+
+
+def in_checkpoint_forward() -> bool:
+    """Whether this thread runs inside the forward of a non-reentrant checkpoint (sac2's frame, torch's: HF's,
+    torch's wrappers): the innermost saved-tensor hooks are that checkpoint's. Hooks pushed inside it
+    (``save_on_cpu``) hide it; its recompute in backward pushes other hooks, so does not count.
+
+    Removable: torch marks its checkpoint hooks publicly (2.14+ has ``_checkpoint_internal``, still private).
+    """
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if hooks is None:
+        return False
+    if getattr(hooks[0], "_sac2_forward", False):
+        return True
+    return _CHECKPOINT_PACK is not None and getattr(hooks[0], "__code__", None) is _CHECKPOINT_PACK
+
+
+def user_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
+    """The (pack, unpack) pair a tensor saved for backward right now would go through, or None, looking past the
+    hooks checkpoints push themselves (an outer checkpoint's placeholders, its recompute's capture) to the user's.
+
+    Checkpoint-internal hooks (sac2's frame's, torch 2.14+'s) keep the pair beneath them as ``_user_hooks`` while on
+    the stack; torch 2.13's are recognised by the module that defines them, and the pair beneath is read by popping
+    them for a moment. Either way nested checkpoints resolve to the hooks the user pushed.
+
+    Removable: ``torch.utils.checkpoint`` exposes the user's saved-tensor hooks beneath its own (2.14+: private).
+    """
+    autograd = torch._C._autograd
+    hooks = autograd._top_saved_tensors_default_hooks(False)
+    while hooks is not None and _checkpoint_internal(hooks):
+        beneath = getattr(hooks[0], "_user_hooks", _NOT_KEPT)
+        if beneath is _NOT_KEPT:
+            return _beneath_torch_hooks()
+        hooks = beneath
+    return hooks
+
+
+_NOT_KEPT = object()
+
+
+def _beneath_torch_hooks() -> tuple[Callable, Callable] | None:
+    """torch 2.13: the first hook pair beneath the checkpoint-internal ones on top of the stack, found by popping
+    them and pushing them back."""
+    autograd = torch._C._autograd
+    if not autograd._saved_tensors_hooks_is_enabled():
+        return None  # hooks can't be pushed back now; under disable_saved_tensors_hooks nothing may be saved
+    popped = []
+    hooks = autograd._top_saved_tensors_default_hooks(False)
+    try:
+        while hooks is not None and _checkpoint_internal(hooks):
+            popped.append(hooks)
+            autograd._pop_saved_tensors_default_hooks()
+            hooks = autograd._top_saved_tensors_default_hooks(False)
+    finally:
+        for pack, unpack in reversed(popped):
+            autograd._push_saved_tensors_default_hooks(pack, unpack)
+    return hooks
+
+
+def _checkpoint_internal(hooks: tuple[Callable, Callable]) -> bool:
+    """Whether a hook pair is one torch's non-reentrant checkpoint pushed (torch 2.13: its unpack hooks are local
+    functions of ``torch.utils.checkpoint``; its pack hook may be wrapped by ``torch._dynamo.disable``)."""
+    return getattr(hooks[0], "_checkpoint_internal", False) or getattr(hooks[1], "__module__", None) == _tuc.__name__
+
+
+_SavedTensor = torch._C._autograd.SavedTensor
+_make_saved_tensor = torch._C._autograd._make_saved_tensor
+_push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
+_pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
+_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_graph_task_id = torch._C._current_graph_task_id
+_graph_exec_group = getattr(torch._C, "_get_graph_exec_group", lambda: None)
+_grad_enabled = torch.is_grad_enabled
+_set_grad = torch._C._set_grad_enabled
+
+
+def _tensor_leaves(args: tuple) -> list[torch.Tensor]:
+    for a in args:
+        if type(a) is not torch.Tensor and isinstance(a, (list, tuple, dict)):
+            return [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
+    return [a for a in args if isinstance(a, torch.Tensor)]  # no containers: no tree walk
+
+
+def checkpoint_devices(args: tuple) -> tuple[str, list[int]]:
+    """The device type whose RNG and autocast state a checkpoint replays, and the indices of the non-CPU devices of
+    the tensor arguments, as torch's frame infers them (``_infer_device_type``, ``get_device_states``): CUDA
+    first, else the first non-CPU type, else the default device type.
+
+    Removable: ``torch.utils.checkpoint`` makes ``_infer_device_type`` public.
+    """
+    types: list[str] = []
+    ids: list[int] = []
+    for t in _tensor_leaves(args):
+        if not t.is_cpu:
+            device = t.device
+            types.append(device.type)
+            if device.type != "meta":
+                ids.append(t.get_device())
+    if not types:
+        return _tuc.DefaultDeviceType._default_device_type or _tuc.DefaultDeviceType.get_device_type(), ids
+    return ("cuda" if "cuda" in types else types[0]), ids
+
+
+def _device_module(device_type: str) -> Any:
+    return None if device_type == "meta" else getattr(torch, device_type, None)
+
+
+def _autocast_of(device_type: str) -> tuple[str, bool, torch.dtype, bool]:
+    return (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
+            torch.is_autocast_cache_enabled())
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+def autocast_state(devices: tuple[str, list[int]]) -> tuple | None:
+    """The autocast state of the checkpoint's device type (where autocast exists) and of the CPU; None when
+    autocast is off everywhere (the common case, read with one call).
+
+    Removable: ``torch._C._is_any_autocast_enabled`` becomes public.
+    """
+    if not _any_autocast():
+        return None
+    device_type = devices[0]
+    states = [_autocast_of("cpu")]
+    if device_type != "cpu" and torch.amp.is_autocast_available(device_type):
+        states.insert(0, _autocast_of(device_type))
+    return tuple(states)
+
+
+def autocast_contexts(state: tuple | None) -> list:
+    """The ``torch.autocast`` contexts that make the autocast state ``state`` again; none where it already is.
+
+    Removable: ``torch._C._is_any_autocast_enabled`` becomes public.
+    """
+    if state is None:
+        if not _any_autocast():
+            return []
+        state = tuple((t, False, torch.get_autocast_dtype(t), torch.is_autocast_cache_enabled())
+                      for t in ("cuda", "cpu", "xpu", "mps", "hpu") if torch.is_autocast_enabled(t))
+    return [
+        torch.amp.autocast(device_type, enabled=enabled, dtype=dtype, cache_enabled=cache)
+        for device_type, enabled, dtype, cache in state
+        if _autocast_of(device_type) != (device_type, enabled, dtype, cache)
+    ]
+
+
+_cpu_generator = torch.default_generator
+
+
+def rng_states(devices: tuple[str, list[int]]) -> tuple[torch.Tensor, list | None]:
+    """The CPU generator's state and, if the device type's module is initialised, each argument device's.
+
+    Removable: never: public generator calls (kept beside the other recompute state).
+    """
+    device_type, ids = devices
+    module = _device_module(device_type)
+    if not getattr(module, "_initialized", False):
+        return _cpu_generator.get_state(), None
+    return _cpu_generator.get_state(), [(module, i, module.get_rng_state(i)) for i in ids]
+
+
+def set_rng_states(states: tuple[torch.Tensor, list | None]) -> tuple[torch.Tensor, list | None]:
+    """Set the states ``rng_states`` took; return the ones they replace.
+
+    Removable: never: public generator calls (kept beside the other recompute state).
+    """
+    cpu, devices = states
+    before = _cpu_generator.get_state(), None if devices is None else [
+        (m, i, m.get_rng_state(i)) for m, i, _ in devices
+    ]
+    _cpu_generator.set_state(cpu)
+    for module, i, state in devices or ():
+        module.set_rng_state(state, i)
+    return before
+
+
+def device_initialized_since(devices: tuple[str, list[int]], rng: tuple[torch.Tensor, list | None]) -> bool:
+    """Whether the device module was initialised after ``rng`` was taken without its states (torch's frame
+    refuses that: the device's RNG state could not be replayed).
+
+    Removable: device modules expose 'initialized' publicly.
+    """
+    return rng[1] is None and bool(getattr(_device_module(devices[0]), "_initialized", False))
+
+
+def device_context() -> torch.device | None:
+    """The device of the innermost ``with torch.device(...)`` context, which recompute must run under too.
+
+    Removable: the torch-function mode stack and ``DeviceContext`` become public.
+    """
+    if not torch._C._len_torch_function_stack():
+        return None
+    for mode in reversed(_overrides._get_current_function_mode_stack()):
+        if isinstance(mode, _device.DeviceContext):
+            return mode.device
+    return None
+
+
+def fresh_device_context(device: torch.device) -> Any:
+    """A new ``torch.device`` context for recompute (re-entering the forward's own instance corrupts its state).
+
+    Removable: the torch-function mode stack and ``DeviceContext`` become public.
+    """
+    return _device.DeviceContext(device)
+
+
+def make_saved_tensor(t: torch.Tensor) -> Any:
+    """Save ``t`` as autograd saves an input of a node: through the saved-tensor hooks in effect.
+
+    Removable: ``torch._C._autograd._make_saved_tensor`` becomes public.
+    """
+    return _make_saved_tensor(t, is_output=False)
+
+
+def unpack_saved_tensor(x: Any) -> Any:
+    return x.unpack() if type(x) is _SavedTensor else x
+
+
+def graph_exec_group() -> Any:
+    return _graph_exec_group()
+
+
+def graph_task() -> Any:
+    """What a recompute is shared by: the ``GraphExecGroup`` in effect, else the running backward's graph task; None
+    outside any backward.
+
+    Removable: graph tasks and ``GraphExecGroup``'s current group get public accessors.
+    """
+    group = _graph_exec_group()
+    if group is not None:
+        return group
+    gid = _graph_task_id()
+    return None if gid == -1 else gid
+
+
+def push_checkpoint_hooks(pack: Callable, unpack: Callable, forward: bool = False) -> None:
+    """Push a checkpoint's saved-tensor hooks, marked as checkpoint-internal the way torch 2.14+ marks its own
+    (``_checkpoint_internal``, and ``_user_hooks``, the user's pair beneath, while on the stack), so that torch's
+    SAC, sac2's and nested checkpoints find the user's hooks past them.
+
+    Removable: saved-tensor hooks can be pushed and popped without a context manager publicly.
+    """
+    pack._checkpoint_internal = True  # type: ignore[attr-defined]
+    pack._sac2_forward = forward  # type: ignore[attr-defined]
+    pack._user_hooks = user_saved_tensors_hooks()  # type: ignore[attr-defined]
+    _push_hooks(pack, unpack)
+
+
+def pop_checkpoint_hooks(pack: Callable) -> None:
+    _pop_hooks()
+    del pack._user_hooks  # the graph keeps the hooks; it must not keep the user's through them
+
+
+def set_grad_enabled(enabled: bool) -> bool:
+    """Set grad mode; return the previous one.
+
+    Removable: never: ``torch._C._set_grad_enabled`` is what ``torch.set_grad_enabled`` calls, minus an object.
+    """
+    was = _grad_enabled()
+    _set_grad(enabled)
+    return was
+
+

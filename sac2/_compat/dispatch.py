@@ -1,0 +1,221 @@
+"""torch's dispatch-mode machinery as sac2 uses it: the mode stack, the "inside a mode" flags, detaching below
+autograd, tracing for torch.compile and the FX metadata sac2's regions and tags ride on.
+
+Each shim names, in a ``Removable:`` line, the torch change that would let it go. They all hold on torch 2.13-2.15.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import Any, Callable
+
+import torch
+import torch.fx._symbolic_trace as _fx_trace
+import torch.fx.traceback as fx_traceback
+import torch.utils.checkpoint as _tuc
+from torch.utils import _python_dispatch as _pd
+
+__all__ = [
+    "TorchDispatchMode", "detach_keeping_version", "tracing_for_compile", "tag_traced_nodes", "annotate_region",
+    "traced_region", "mode_stack_len", "dispatch_mode_stack", "no_modes", "pop_mode", "push_mode", "mode_classes",
+    "set_dispatch_flags", "dispatch_flags", "skip_dynamo_in_mode", "skip_dynamo_in_code", "traced_checkpoint",
+]
+
+
+# Removable: ``torch.utils._python_dispatch`` becomes public.
+TorchDispatchMode = _pd.TorchDispatchMode
+_ADInplaceOrView = torch._C.DispatchKey.ADInplaceOrView
+_ExcludeGuard = torch._C._SetExcludeDispatchKeyGuard
+
+
+def detach_keeping_version(t: torch.Tensor) -> torch.Tensor:
+    """Detach below autograd so the alias shares the version counter and carries no autograd metadata.
+
+    The version counter lets sac2 see later in-place writes; no autograd metadata lets autograd treat the
+    tensor as a fresh output (view ops call ``as_view`` on it) when it is served in recompute.
+
+    Removable: a public detach that keeps the version counter below autograd exists.
+    """
+    with _ExcludeGuard(_ADInplaceOrView, False):
+        return t.detach()
+
+
+_get_mode = torch._C._get_dispatch_mode
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+_FUNCTIONAL = torch._C._TorchDispatchModeKey.FUNCTIONAL
+
+
+def tracing_for_compile() -> bool:
+    """True while torch.compile traces (dynamo's fake propagation, AOTAutograd's metadata pass, joint tracing,
+    partitioning): a proxy, fake or functional mode is active, and tensors have no real storage. Export's
+    non-strict tracing runs eagerly and is not tracing here.
+
+    Removable: torch offers one public 'tracing with fake tensors' query (``is_compiling`` misses AOT's passes).
+    """
+    if _get_mode(_PROXY) is None and _get_mode(_FAKE) is None and _get_mode(_FUNCTIONAL) is None:
+        return False
+    return not torch.compiler._is_non_strict_tracing()
+
+
+def tag_traced_nodes(run: Callable[[], Any], ac_graph_id: int, policy_of: Callable[[Any], Any]) -> Any:
+    """Run ``run()`` under compile tracing and tag the FX nodes it adds with torch's recompute metadata.
+
+    ``policy_of(out)`` returns the torch ``CheckpointPolicy`` for the op's output; the partitioner reads
+    ``node.meta["recompute"]`` and ``node.meta["ac_graph_id"]``.
+
+    Removable: SAC's FX tagging (``ac_graph_id``/``recompute`` meta) gets a public API.
+    """
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+
+    meta = fx_traceback.current_meta
+    meta["ac_graph_id"] = ac_graph_id
+    meta["recompute"] = _tuc.CheckpointPolicy.PREFER_RECOMPUTE
+    proxy_mode = get_proxy_mode()
+    graph = proxy_mode.tracer.graph if proxy_mode is not None else None
+    before = len(graph.nodes) if graph is not None else 0
+    out = run()
+    policy = policy_of(out)
+    if graph is not None:
+        for node in itertools.islice(reversed(graph.nodes), len(graph.nodes) - before):
+            node.meta["recompute"] = policy
+    return out
+
+
+_REGION = "sac2_region"
+
+
+def annotate_region(name: str) -> Any:
+    """While torch.compile traces, mark the FX nodes traced in the body as belonging to region ``name``.
+
+    Removable: ``torch.fx.traceback.annotate`` is documented public.
+    """
+    return fx_traceback.annotate({_REGION: name})
+
+
+def traced_region() -> str | None:
+    """The region the op being traced belongs to (see ``annotate_region``), or None.
+
+    Removable: ``torch.fx.traceback.annotate`` is documented public.
+    """
+    custom = fx_traceback.current_meta.get("custom")
+    return custom.get(_REGION) if custom else None
+
+
+def mode_stack_len() -> int:
+    """Depth of this thread's Python dispatch-mode stack.
+
+    Removable: the dispatch-mode stack gets a public API.
+    """
+    return _pd._len_torch_dispatch_stack()
+
+
+def dispatch_mode_stack() -> list:
+    """This thread's dispatch-mode stack, innermost (the mode that dispatches first) last.
+
+    Removable: the dispatch-mode stack gets a public API.
+    """
+    return _pd._get_current_dispatch_mode_stack()
+
+
+_NO_CONTEXT = contextlib.nullcontext()
+
+
+def no_modes() -> Any:
+    """A context manager that takes every dispatch mode off this thread's stack for its body.
+
+    Removable: the dispatch-mode stack gets a public API.
+    """
+    return _pd._disable_current_modes() if _pd._len_torch_dispatch_stack() else _NO_CONTEXT
+
+
+def pop_mode() -> Any:
+    """Pop the innermost mode off this thread's stack, leaving torch's "in a mode" flags alone.
+
+    Removable: the dispatch-mode stack gets a public API.
+    """
+    return _pd._pop_mode()
+
+
+def push_mode(mode: Any) -> None:
+    """Push ``mode`` back onto this thread's stack, leaving torch's "in a mode" flags alone.
+
+    Removable: the dispatch-mode stack gets a public API.
+    """
+    _pd._push_mode(mode)
+
+
+def mode_classes() -> list[type]:
+    """The classes of the modes on this thread's dispatch-mode stack, outermost first.
+
+    Removable: the dispatch-mode stack gets a public API.
+    """
+    return [type(_pd._get_dispatch_stack_at(i)) for i in range(_pd._len_torch_dispatch_stack())]
+
+
+def set_dispatch_flags(in_mode: bool, non_infra: bool, not_ignoring: bool) -> None:
+    """Set torch's three process-wide "inside a dispatch mode" flags (the last one mirrored into C++).
+
+    Removable: torch keeps its 'inside a dispatch mode' flags per thread (pytorch: the overlap bug).
+    """
+    _pd._is_in_torch_dispatch_mode, _pd._is_in_non_infra_torch_dispatch_mode = in_mode, non_infra
+    _pd._is_in_any_mode_without_ignore_compile_internals = not_ignoring
+    _pd.set_is_in_mode_without_ignore_compile_internals(not_ignoring)
+
+
+def dispatch_flags() -> tuple[bool, bool, bool]:
+    """torch's three "inside a dispatch mode" flags, as ``sac2.dispatch_flags.sync`` sets them.
+
+    Removable: torch keeps its 'inside a dispatch mode' flags per thread (pytorch: the overlap bug).
+    """
+    return (
+        _pd._is_in_torch_dispatch_mode,
+        _pd._is_in_non_infra_torch_dispatch_mode,
+        _pd._is_in_any_mode_without_ignore_compile_internals,
+    )
+
+
+def skip_dynamo_in_mode(cls: type) -> None:
+    """Never let dynamo trace a mode's ``__torch_dispatch__`` or what it calls: what torch's default
+    ``_should_skip_dynamo`` does with a ``torch._disable_dynamo(recursive=True)`` wrapper frame on every call
+    (about a microsecond per op on sac2's hottest path), marked on the code object instead.
+
+    Removable: a mode can opt out of dynamo without the per-call ``_disable_dynamo`` wrapper.
+    """
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    cls._should_skip_dynamo = classmethod(lambda c: False)  # type: ignore[attr-defined]
+    set_code_exec_strategy(cls.__torch_dispatch__.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
+def skip_dynamo_in_code(*functions: Callable) -> None:
+    """Never let dynamo trace these functions or what they call (marked on their code objects: no per-call cost).
+
+    Removable: ``torch.compiler.disable`` marks code objects instead of wrapping calls.
+    """
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    for fn in functions:
+        set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
+#: Whether FX symbolic tracing (or a tracer built on it) is running: a module flag before torch 2.15, a
+#: thread-local behind ``_get_is_fx_tracing`` from 2.15 on. Removable: ``is_fx_tracing`` stops warning (it now
+#: warns on every call) or torch documents one of these.
+_fx_tracing: Callable[[], bool] = getattr(_fx_trace, "_get_is_fx_tracing", None) or (
+    lambda: _fx_trace._is_fx_tracing_flag
+)
+
+
+def traced_checkpoint() -> bool:
+    """Whether a checkpoint now runs under torch.compile, export or FX tracing (not eager).
+
+    Removable: torch offers one public 'tracing' query covering compile, export and FX.
+    """
+    return (
+        torch.compiler.is_compiling()
+        or torch.compiler._is_non_strict_tracing()
+        or _fx_tracing()
+        or tracing_for_compile()
+    )

@@ -1,0 +1,21 @@
+"""The profiler's memory events (``sac2.bench.memory`` measures CPU memory from them).
+
+Removable when torch keeps allocator statistics on CPU (``memory_allocated`` for the CPU allocator).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["allocation_sizes"]
+
+
+def allocation_sizes(prof: torch.profiler.profile) -> list[int]:
+    """Signed sizes of the allocations (+) and frees (-) a finished ``profile_memory=True`` profiler recorded,
+    in time order.
+
+    Removable: the CPU allocator keeps statistics (``memory_allocated`` on CPU).
+    """
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    return [e.nbytes() for e in events]
