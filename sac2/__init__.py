@@ -7,11 +7,13 @@ from sac2 import policies
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.apply import apply_ac
 from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
-from sac2.compiled import compiled_region, region
+from sac2.compiled import compiled_region
 from sac2.frame import use_torch_frame
+from sac2.integrations import install, installed
 from sac2.keys import Region, region_of
 from sac2.notices import forward_count
 from sac2.profile import activation_memory
+from sac2.regions import region
 from sac2.report import Report, explain, plot_budgets
 from sac2.wrappers import (
     ActivationWrapper,
@@ -52,7 +54,5 @@ __all__ = [
     "install",
     "installed",
 ]
-
-from sac2.integrations import install, installed  # noqa: E402  (they import sac2's public names)
 
 __version__ = "0.3.0"

@@ -20,7 +20,7 @@ from sac2.answers import as_policy
 from sac2.modes import CachingMode, ReplayMode
 from sac2.notices import count_forward
 from sac2.record import Record, Saved
-from sac2.regions import RegionForward, RegionReplay, region_only
+from sac2.region_record import RegionForward, RegionReplay, region_only
 
 __all__ = ["checkpoint", "create_selective_checkpoint_contexts"]
 
@@ -43,7 +43,7 @@ def create_selective_checkpoint_contexts(
     recomputed in backward instead of raising. (Modifications inside the forward are always handled that way.)
 
     A list of only ``sac2.Region``s needs no dispatch mode: in eager the pair is two plain context managers that
-    only ``sac2.region`` calls talk to (``sac2.regions``), so the ops between regions cost nothing extra.
+    only ``sac2.region`` calls talk to (``sac2.region_record``), so the ops between regions cost nothing extra.
     """
     policy, record = as_policy(policy_fn_or_list), Record()
     regions = region_only(policy)

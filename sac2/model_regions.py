@@ -1,7 +1,7 @@
 """Regions in a model you did not write: chosen module calls and attention calls become ``sac2.region`` calls.
 
 ``sac2.apply_ac(model, mode="regions", save=...)`` uses this to checkpoint each block with a save list of only
-``sac2.Region``s, which needs no dispatch mode (``sac2.regions``): the ops between regions run at eager speed.
+``sac2.Region``s, which needs no dispatch mode (``sac2.region_record``): the ops between regions run at eager speed.
 
 What ``save`` can name, inside each block:
 
@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterable, Sequence
 from torch import nn
 
 from sac2 import module_class
-from sac2.compiled import call_region, region_key
 from sac2.keys import Region
+from sac2.regions import call_region, region_key
 
 __all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
 

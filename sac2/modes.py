@@ -25,7 +25,7 @@ from sac2.notices import DIVERGED as _DIVERGED
 from sac2.notices import count_forward, diverged, overlapping_write, unseen_writes, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.record import Record, Saved, rng_before, rng_moved
-from sac2.regions import record_region, replay_region
+from sac2.region_record import record_region, replay_region
 from sac2.tracing import Tracer
 
 __all__ = ["SacMode", "CachingMode", "ReplayMode"]
@@ -232,7 +232,7 @@ class CachingMode(SacMode):
             self._flush()  # versions read now let in-place writes in the unrecorded code show
 
     def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
-        """A region is decided before it runs (``ctx.op_output`` is None); ``sac2.regions`` records it."""
+        """A region is decided before it runs (``ctx.op_output`` is None); ``sac2.region_record`` records it."""
         if self._pending:
             self._flush()
         if self._save_ops is not None:

@@ -26,7 +26,7 @@ from sac2.checkpointing import checkpoint
 from sac2.modes import CachingMode, ReplayMode
 from sac2.opinfo import IGNORE, VIEW, info
 from sac2.record import Record, Saved
-from sac2.regions import record_region
+from sac2.region_record import record_region
 
 __all__ = ["OpCall", "Profile", "profile", "activation_memory", "as_inputs"]
 

@@ -1,169 +1,86 @@
-"""``sac2.region`` calls in the record, and selective checkpointing with no dispatch mode for region-only policies.
+"""Regions: a callable (``sac2.region``) or a module call (``sac2.model_regions``) that selective checkpointing sees
+as one op, named by a ``sac2.Region`` (``sac2.keys``).
 
-A region call is one entry of the record, decided before it runs. Saved, it runs with its backward state kept for
-real and its outputs recorded; in recompute it is served (outputs, writes, generator) and its body does not run.
-Recomputed, it runs under the checkpoint like any code and runs once more in recompute. ``record_region`` and
-``replay_region`` do this for both sac2 modes and for the dispatch-free contexts below.
-
-A policy that can only ever save regions (a save list of ``sac2.Region``s) needs no per-op dispatch at all:
-``RegionForward``/``RegionReplay`` are plain context managers that only regions talk to, so ops between
-regions run at full eager speed. What sac2 checks per op (op-level divergence, writes through other aliases) is
-then checked per region: the sequence of regions, their outputs' versions, what they wrote, their RNG.
+Inside sac2 SAC a region call asks the policy once, before it runs (``ctx.op_output`` is None). Saved, it keeps its
+outputs and what its body's backward needs, and its body does not run in backward; recomputed, its body runs once
+more in backward. Either way the body runs in ``compiled_region()``, so compiled code in it runs at full speed. How a
+region call is recorded and replayed is ``sac2.region_record``; under torch.compile it is traced through inside an
+annotation and the policy decides its nodes as one region (``sac2.tracing``). Outside sac2 SAC it is a plain call.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable
+import functools
+from typing import Any, Callable, TypeVar, overload
 
 import torch
 
-from sac2 import _compat, writes
-from sac2.answers import SaveList
+from sac2 import _compat, region_record
+from sac2.compiled import compiled_region, sac2_modes_on_top
 from sac2.keys import Region
-from sac2.notices import DIVERGED, count_forward, unseen_writes, warn_once
-from sac2.record import Record, Saved, rng_before, rng_moved
 
-__all__ = ["record_region", "replay_region", "RegionForward", "RegionReplay", "region_only", "active"]
+__all__ = ["region", "call_region", "region_key"]
 
-Tensor = torch.Tensor
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def record_region(
-    record: Record, key: Region, save: bool, offload: bool, run: Callable, run_kept: Callable, args: tuple, kwargs: dict
-) -> Any:
-    """Run a region call in forward and append its entry to ``record``: its key, or a ``Saved`` entry."""
-    if not save:
-        out = run(*args, **kwargs)
-        record.log.append(key)
-        return out
-    before = writes.tensor_versions(args, kwargs)
-    with _compat.no_modes():
-        rng = rng_before(True, args, kwargs)
-    out = run_kept(*args, **kwargs)
-    entry = Saved(key)
-    written = writes.writes_of(key, args, kwargs, out, before)
-    entry.keep_region(out, written)
-    with _compat.no_modes():
-        entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
-    if written is None:
-        warn_once("unseen-writes", key, unseen_writes(key))
-    record.add_region(entry, offload)
-    return out
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
-def replay_region(
-    record: Record, i: int, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict
-) -> Any:
-    """The region call at position ``i`` of recompute: serve what forward saved, else run it."""
-    log = record.log
-    entry = log[i] if i < len(log) else None
-    if entry is key:
-        return run(*args, **kwargs)
-    if type(entry) is not Saved or entry.key is not key:
-        ran = record.describe(i) if entry is not None else f"only {len(log)} ops"
-        raise RuntimeError(
-            f"sac2: recompute diverged from forward at op {i} of the region: forward ran {ran}, recompute ran "
-            f"region {key.name!r}. {DIVERGED}"
-        )
-    if entry.unseen_writes:
-        return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
-    if entry.modified():
-        warn_once(
-            "modified-after-region",
-            key,
-            f"sac2: the policy saves {record.describe(i)}, but a tensor it returned or wrote was modified in "
-            f"place after it ran, so the saved value is stale; sac2 runs the region again in backward instead. "
-            f"Have the policy recompute it to silence this warning.",
-        )
-        return run_kept(*args, **kwargs)
-    with torch.no_grad(), _compat.no_modes():  # a region runs above autograd and the modes
-        return record.serve(i, args, kwargs)
+def _run(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    with compiled_region():
+        return fn(*args, **kwargs)
 
 
-_local = threading.local()
+def _run_kept(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    # Hooks pushed inside the checkpoint take precedence: autograd keeps real tensors, not checkpoint placeholders.
+    with torch.autograd.graph.saved_tensors_hooks(_identity, _identity), compiled_region():
+        return fn(*args, **kwargs)
 
 
-def active() -> Any:
-    """The innermost dispatch-free context of this thread, or None."""
-    stack = getattr(_local, "stack", None)
-    return stack[-1] if stack else None
+_regions: dict[str, Region] = {}
 
 
-class _Context:
-    """Pushed on this thread's stack of dispatch-free contexts while the checkpointed code runs."""
-
-    def __init__(self, record: Record) -> None:
-        self.record = record
-
-    def __enter__(self) -> _Context:
-        stack = getattr(_local, "stack", None)
-        if stack is None:
-            stack = _local.stack = []
-        stack.append(self)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        _local.stack.remove(self)
+def region_key(name: str) -> Region:
+    """The one ``Region`` object of a name (``ReplayMode`` matches keys by identity)."""
+    return _regions.setdefault(name, Region(name))
 
 
-class RegionForward(_Context):
-    """Forward of a region-only policy: regions ask ``saves`` and are recorded; nothing else is intercepted."""
-
-    def __init__(self, saves: frozenset, record: Record) -> None:
-        super().__init__(record)
-        self.saves = saves
-        #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
-        self.saved_tensors_hooks: tuple[Callable, Callable] | None = None
-
-    def __enter__(self) -> RegionForward:
-        count_forward()
-        return super().__enter__()  # type: ignore[return-value]
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        super().__exit__(exc_type, *exc)
-        if exc_type is None:
-            self.record.end_forward(self.saved_tensors_hooks)
-
-    def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
-        return record_region(self.record, key, key in self.saves, False, run, run_kept, args, kwargs)
+def call_region(key: Region, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    """``fn(*args, **kwargs)`` as a region call: one op for the policy inside sac2 SAC, traced inside an annotation
+    under torch.compile, a plain call elsewhere."""
+    if torch.compiler.is_compiling():
+        with _compat.annotate_region(key.name):  # traced through: the policy decides its ops as one region
+            return fn(*args, **kwargs)
+    modes = sac2_modes_on_top() if _compat.mode_stack_len() else ()
+    if modes:
+        return modes[-1].region(key, functools.partial(_run, fn), functools.partial(_run_kept, fn), args, kwargs)
+    context = region_record.active()
+    if context is not None:
+        return context.region(key, functools.partial(_run, fn), functools.partial(_run_kept, fn), args, kwargs)
+    return fn(*args, **kwargs)
 
 
-class RegionReplay(_Context):
-    """Recompute of a region-only policy: serves saved regions in order, runs the others, checks the sequence."""
+@overload
+def region(fn: F, *, name: str | None = None) -> F: ...
+@overload
+def region(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
+def region(fn: Callable | None = None, *, name: str | None = None) -> Any:
+    """Make each call of ``fn`` one op for sac2's selective checkpointing, named ``name`` (``fn.__qualname__``).
 
-    def __init__(self, record: Record) -> None:
-        super().__init__(record)
-        self._cursor = 0
-
-    def __enter__(self) -> RegionReplay:
-        self._cursor = 0
-        self.record.start_recompute()
-        return super().__enter__()  # type: ignore[return-value]
-
-    def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
-        i = self._cursor
-        self._cursor = i + 1
-        return replay_region(self.record, i, key, run, run_kept, args, kwargs)
-
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        super().__exit__(exc_type, *exc)
-        self.record.end_recompute()
-        cursor, n = self._cursor, len(self.record.log)
-        if exc_type is None and cursor < n:
-            raise RuntimeError(
-                f"sac2: recompute ended after {cursor} regions, but the forward ran {n}; the first one missing is "
-                f"{self.record.describe(cursor)}. {DIVERGED}"
-            )
-
-
-def region_only(policy: Any) -> frozenset | None:
-    """The regions a policy saves if it can only ever save ``sac2.region`` calls, else None.
-
-    That is a save list of ``sac2.Region``s while compiled code does not run as ``inductor_compiled_code``
-    (``wrap_inductor_compiled_regions`` off): then no op but a ``sac2.region`` call can match a ``Region``.
+    Use as ``@sac2.region``, ``@sac2.region(name="attn")`` or ``sac2.region(fn, name="attn")``. Inside sac2 SAC
+    the policy receives ``sac2.Region(name)`` as ``op`` with the call's arguments, before the body runs, so
+    ``ctx.op_output`` is None; ``sac2.Region(name)`` in a save list saves it. Saved: the outputs and what the
+    body's backward needs are kept, and the body does not run in backward. Recomputed: the body runs once more in
+    backward. Either way the body runs in ``compiled_region()``. Outside sac2 SAC, a call just calls ``fn``.
     """
-    if type(policy) is SaveList and policy.ops and all(type(op) is Region for op in policy.ops):
-        if not _compat.compiled_regions_wrapped():
-            return policy.ops
-    return None
+    if fn is None:
+        return functools.partial(region, name=name)
+    key = region_key(name or fn.__qualname__)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return call_region(key, fn, args, kwargs)
+
+    return call

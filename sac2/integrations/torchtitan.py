@@ -13,8 +13,8 @@ from typing import Any
 
 from torch import nn
 
-import sac2
 from sac2.integrations.rebinding import install
+from sac2.wrappers import CheckpointWrapper
 
 __all__ = ["apply_ac"]
 
@@ -34,7 +34,7 @@ def apply_ac(ac: Any, model: nn.Module, *, dump_folder: str = "") -> list[str]:
     layers = model.get_submodule("layers")
     wrapped, other = [], []
     for name, block in layers.named_children():
-        (wrapped if isinstance(block, sac2.CheckpointWrapper) else other).append(f"layers.{name}")
+        (wrapped if isinstance(block, CheckpointWrapper) else other).append(f"layers.{name}")
     if other:
         raise ValueError(
             f"sac2.integrations.torchtitan.apply_ac: {type(ac).__name__} left these blocks without sac2's "
