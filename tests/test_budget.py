@@ -176,16 +176,18 @@ class TestOnTheBenchModel(TestCase):
 def _answers_per_forward(policy: Any, run: Callable[[Callable], None]) -> list[list[tuple[str, str]]]:
     """What ``policy`` answered in each forward ``run`` makes (a compiled region is traced more than once), as
     (op, answer) for the calls it saves."""
-    forwards: dict[int, list[tuple[str, str]]] = {}
+    forwards: list[tuple[Any, list[tuple[str, str]]]] = []  # (ctx, answers): the ctx held, so its id stays its own
 
     def spy(ctx, op, *args, **kwargs):
         answer = policy(ctx, op, *args, **kwargs)
+        if not forwards or forwards[-1][0] is not ctx:
+            forwards.append((ctx, []))
         if answer in SAVES:
-            forwards.setdefault(id(ctx), []).append((str(op), answer.name))
+            forwards[-1][1].append((str(op), answer.name))
         return answer
 
     run(functools.partial(sac2.create_selective_checkpoint_contexts, spy))
-    return list(forwards.values())
+    return [answers for _, answers in forwards]
 
 
 def _compiled(mode: str, fn: Callable) -> Callable:
