@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable, Union
 
 from torch import nn
 
+from sac2.answers import SaveList
 from sac2.checkpointing import create_selective_checkpoint_contexts
 from sac2.model_regions import DEFAULT_SAVE, Target, make_regions
 from sac2.policies import llm
@@ -35,8 +36,10 @@ def apply_ac(
       ``sac2.policies.llm()``), recompute the rest. ``"full"``: keep only each block's inputs. ``"none"``: no-op.
     - ``mode="regions"``: make the calls ``save`` names inside each block regions, without editing the model's
       source, and keep exactly those (``sac2.model_regions``: ``"attention"``, ``"linear"``, ``"experts"``, module
-      classes, name globs; default all three, what ``llm()`` saves). The policy names only regions, so no dispatch
-      mode runs: the ops between regions cost what they cost without checkpointing.
+      classes, name globs). The policy names only regions, so no dispatch
+      mode runs: the ops between regions cost what they cost without checkpointing. Default ``("attention",)``:
+      a saved region keeps its body's backward state (a Linear's input too), so saving every Linear keeps about
+      what no checkpointing keeps.
     - ``blocks``: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
       module names, or a predicate (the outermost modules it accepts). Default: ``model.layers`` if it is such a
       container, else the one container of ``model`` with the most children, all of one class.
@@ -60,7 +63,8 @@ def apply_ac(
     found = _find_blocks(model, blocks)
     if mode == "regions":
         chosen = DEFAULT_SAVE if save is None else save
-        policy = make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen)
+        # A SaveList, not a list: torch.compile reads a policy object in a context_fn, not a list of Regions.
+        policy = SaveList(make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen))
     if mode in ("selective", "regions"):
         context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
         checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}

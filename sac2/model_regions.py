@@ -10,7 +10,8 @@ What ``save`` can name, inside each block:
   attention kernel modules (modules without parameters whose class name ends in ``Attention``: torchtitan's
   ``ScaledDotProductAttention``/``FlexAttention``/``VarlenAttention``, ``sac2.bench.models``') are made regions.
 - ``"linear"``: every ``nn.Linear`` (subclasses too); ``"experts"``: MoE expert modules (class name ends in
-  ``Experts``: transformers' ``Qwen3MoeExperts``/``MixtralExperts``, torchtitan's ``GroupedExperts``);
+  ``Experts``: transformers' ``Qwen3MoeExperts``/``MixtralExperts``, torchtitan's ``GroupedExperts``; experts
+  holding experts, as torchtitan's ``RoutedExperts``, give the inner ones);
 - a module class: its instances; any other string: a glob over module names relative to the block
   (``"mlp.down_proj"``, ``"self_attn.*_proj"``).
 
@@ -33,8 +34,10 @@ from sac2.regions import call_region, region_key
 __all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
 
 ATTENTION, LINEAR, EXPERTS = "attention", "linear", "experts"
-#: What ``mode="regions"`` saves by default: what ``sac2.policies.llm()`` saves, as regions.
-DEFAULT_SAVE = (ATTENTION, LINEAR, EXPERTS)
+#: What ``mode="regions"`` saves by default: attention, which keeps less than op-level SAC with ``llm()`` and costs
+#: less time (a saved region keeps its body's backward state: for a Linear, its input too, which op-level saving
+#: of the matmul's output lets recompute rebuild; saving "linear" keeps about what no checkpointing keeps).
+DEFAULT_SAVE: tuple[Target, ...] = (ATTENTION,)
 
 Target = str | type
 
@@ -60,6 +63,13 @@ def _matches(target: Target, name: str, module: nn.Module) -> bool:
     if target == EXPERTS:
         return type(module).__name__.endswith("Experts")
     return fnmatch.fnmatchcase(name, target)
+
+
+def _holds_experts(module: nn.Module, targets: list[Target], matched: list[int]) -> bool:
+    """Whether ``module`` matched only as experts and holds experts of its own (the inner ones are the region)."""
+    if any(targets[i] != EXPERTS for i in matched):
+        return False
+    return any(_matches(EXPERTS, n, m) for n, m in module.named_modules() if n)
 
 
 def _is_attention_kernel(module: nn.Module) -> bool:
@@ -90,11 +100,16 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
             if not name:
                 continue
             matched = [i for i, t in enumerate(modules) if _matches(t, name, module)]
+            if matched and _holds_experts(module, modules, matched):
+                continue  # experts inside experts (torchtitan's RoutedExperts around GroupedExperts): the inner
             if matched:
                 hit.update(matched)
                 chosen[f"{block_name}.{name}"] = (name, module)
-    missed = [modules[i] for i in range(len(modules)) if i not in hit and modules[i] != EXPERTS or not chosen]
-    if missed and (targets != list(DEFAULT_SAVE) or not chosen):
+    # A kind ("linear", "experts") may be absent (one config for dense and MoE models); a class or a glob is the
+    # user's own and must match something, and so must the whole list.
+    missed = [modules[i] for i in range(len(modules)) if i not in hit and (modules[i] not in (LINEAR, EXPERTS) or
+                                                                          not hit)]
+    if missed:
         raise ValueError(
             f"sac2.apply_ac: save={missed} matches no module inside the blocks ({[b for b, _ in blocks][:3]}...); "
             f"module names there look like {_sample(blocks)}."
@@ -149,6 +164,7 @@ def _transformers_attention(model: nn.Module) -> bool:
     if implementation.startswith("sac2_"):
         return True  # done before
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if implementation == "eager":  # each model family has its own eager function, beside the model class
@@ -164,6 +180,8 @@ def _transformers_attention(model: nn.Module) -> bool:
         return call_region(key, function, args, kwargs)
 
     AttentionInterface.register(name, attention)
+    # transformers builds the attention mask by the implementation's name too: the same mask as before.
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
     model.set_attn_implementation(name)
     return True
 

@@ -1,5 +1,6 @@
-"""``sac2 bench``: a very short run writes the table, the JSON (with the per-op curve) and the plot; region-only
-rows and ``--compile`` keep the correctness column; the rows are plain code, built in one place."""
+"""``sac2 bench``: a very short run writes the table, the JSON (with the per-op curve) and the plot (its Pareto front
+marked); the one-line region rows and ``--compile`` keep the correctness column; under ``--compile`` each row
+compiles once; the rows are plain code, built in one place."""
 
 import contextlib
 import io
@@ -9,10 +10,12 @@ import pytest
 import torch
 from expecttest import TestCase
 
+import sac2
 from sac2 import bench
 from sac2.__main__ import main as cli_main
-from sac2.bench import checkpoint_modes, cli, job
+from sac2.bench import checkpoint_modes, cli, job, output
 from sac2.bench.models import CONFIGS, REGION_NAMES, Transformer, random_tokens
+from sac2.model_regions import region_name_of
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +74,17 @@ class TestShortRun(TestCase):
         self.assertEqual(self.result[3].read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
 
 
-    def test_region_only_rows_run_on_the_region_wrapped_model_and_match_bit_for_bit(self):
+    def test_one_line_region_rows_match_bit_for_bit_and_attention_only_keeps_less(self):
         rows = {m["name"]: m for m in self.result[2]["modes"]}
         self.assertEqual((rows["sac2 regions"]["equal"], rows["sac2 regions"]["check"]), (True, "bitwise"))
         self.assertTrue(rows["sac2 regions attn"]["equal"])
         self.assertLess(rows["sac2 regions attn"]["kept_bytes"], rows["sac2 regions"]["kept_bytes"])
+
+    def test_prints_and_writes_the_pareto_front(self):
+        modes = self.result[2]["modes"]
+        front = [modes[i]["name"] for i in output.pareto_front([(m["median_s"], m["kept_bytes"]) for m in modes])]
+        self.assertEqual(self.result[2]["pareto_front"], front)
+        self.assertIn(f"no other row is faster and keeps less): {', '.join(front)}\n", self.result[1])
 
     def test_says_how_it_checked_correctness(self):
         self.assertIn("equal: loss and every gradient vs none, bitwise (torch.equal)", self.result[1])
@@ -104,11 +113,42 @@ class TestRows(TestCase):
                     "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions", "sac2 regions attn"]
         self.assertEqual(names, expected + (["torch_remat"] if checkpoint_modes.remat_available() else []))
 
-    def test_region_rows_wrap_the_model_and_save_only_regions(self):
+    def test_region_rows_are_one_line_on_the_unmodified_model(self):
         rows = {row.name: row for row in self._rows()}
-        self.assertIsNotNone(rows["sac2 regions"].region)
-        self.assertIsNone(rows["sac2 SAC"].region)
-        self.assertEqual(rows["sac2 regions"].policy, f"save {list(REGION_NAMES)}")
+        for name, save in (("sac2 regions", ["attention", "linear"]), ("sac2 regions attn", ["attention"])):
+            self.assertIsNone(rows[name].region)
+            self.assertIsNotNone(rows[name].prepare)
+            self.assertEqual(rows[name].policy, f'apply_ac(model, "regions", save={save})')
+        self.assertIsNone(rows["sac2 SAC"].prepare)
+
+    def test_a_one_line_row_checkpoints_its_own_copy_with_regions_and_leaves_the_base_alone(self):
+        torch.manual_seed(0)
+        base = Transformer(CONFIGS["tiny"])
+        rows = {row.name: row for row in bench.rows(base, torch.randn(2, 32, 64))}
+        expected = {"sac2 regions": {"qkv", "proj", "gate_up", "down", "attention"}, "sac2 regions attn": {"attention"}}
+        for name, names in expected.items():
+            model = job._model(base, rows[name])
+            self.assertTrue(all(isinstance(block, sac2.CheckpointWrapper) for block in model.blocks))
+            self.assertEqual(list(model.state_dict()), list(base.state_dict()))
+            regions = {region_name_of(m) for m in model.blocks[0].modules()} - {None}
+            self.assertEqual(regions, names)
+        self.assertFalse(any(isinstance(block, sac2.CheckpointWrapper) for block in base.blocks))
+        self.assertEqual({region_name_of(m) for m in base.modules()}, {None})
+
+    @pytest.mark.skipif(not checkpoint_modes.remat_available(), reason="torch_remat is not installed")
+    def test_torch_remat_row_stays_annotated_by_hand(self):
+        row = next(row for row in self._rows() if row.name == "torch_remat")
+        self.assertIs(row.region, checkpoint_modes._remat_region)
+        self.assertIsNone(row.prepare)
+
+
+class TestParetoFront(TestCase):
+    def test_keeps_the_points_no_other_beats_on_both(self):
+        points = [(10, 90), (30, 10), (12, 60), (20, 60), (40, 5), (35, 20)]
+        self.assertEqual(output.pareto_front(points), [0, 1, 2, 4])
+
+    def test_equal_points_are_both_on_the_front(self):
+        self.assertEqual(output.pareto_front([(1, 1), (1, 1), (2, 2)]), [0, 1])
 
 
 class TestRegionModel(TestCase):
@@ -137,6 +177,33 @@ class TestCompile(TestCase):
         self.assertEqual({r.name: (r.equal, r.check) for r in results},
                          {r.name: (True, "allclose") for r in results})
         self.assertTrue(all(len(r.step_s) == 1 and r.kept_bytes > 0 for r in results))
+
+    def test_each_row_compiles_its_own_frame_once(self):
+        """Rows share ``Transformer.forward``; compiled as one frame, each row recompiled it and the 9th row on hit
+        ``recompile_limit`` (8) and ran uncompiled. Here a second compile of any frame raises."""
+        torch._dynamo.reset()
+        cfg = CONFIGS["tiny"]
+        torch.manual_seed(0)
+        base = Transformer(cfg)
+        rows = {row.name: row for row in bench.rows(base, torch.randn(2, 32, 64))}
+        batch = random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
+        forwards = [job._forward(job._model(base, rows[name]), rows[name], "aot_eager", i)
+                    for i, name in enumerate(["none", "full", "sac2 SAC"])]
+        self.assertEqual(len({f._torchdynamo_orig_callable.__code__ for f in forwards}), 3)
+        with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+            for forward in forwards * 2:
+                forward(*batch).backward()
+
+    def test_one_line_region_rows_compile_without_graph_breaks(self):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        cfg = CONFIGS["tiny"]
+        torch.manual_seed(0)
+        base = Transformer(cfg)
+        row = next(row for row in bench.rows(base, torch.randn(2, 32, 64)) if row.name == "sac2 regions")
+        forward = job._forward(job._model(base, row), row, "aot_eager")
+        forward(*random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))).backward()
+        self.assertEqual(dict(torch._dynamo.utils.counters["graph_break"]), {})
 
     def test_title_names_the_backend(self):
         with pytest.MonkeyPatch.context() as mp:

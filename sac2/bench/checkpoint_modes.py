@@ -1,10 +1,11 @@
 """The checkpointing modes the bench compares, one ``Row`` each, built in one place (``rows()``, plain code).
 
 No checkpointing, full checkpointing, torch's stock SAC and sac2's SAC under the default LLM policy
-(``sac2.policies.llm()``), other sac2 policies (every other matmul, memory budgets), sac2 region-only policies (the
-model's matmuls and attention wrapped in ``sac2.region``s, a policy that names only ``sac2.Region``s), and
-torch_remat (the region-based peer, when it is installed) keeping the same calls in
-``remat.region(..., recompute=False)``.
+(``sac2.policies.llm()``), other sac2 policies (every other matmul, memory budgets), sac2's one-line regions on the
+unmodified model (``sac2.apply_ac(model, "regions", save=...)``: the blocks' ``nn.Linear``s and attention kernel
+become regions and each block is checkpointed with a policy that names only ``sac2.Region``s, so no dispatch mode
+runs), and torch_remat (the region-based peer, when it is installed) keeping the same calls, annotated by hand in
+``remat.region(..., recompute=False)`` (``Transformer(cfg, region=...)``).
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from sac2.bench.models import REGION_NAMES, RegionWrap, Transformer
 from sac2.policies import every_other_matmul, llm
 from sac2.policies.budget import memory_budget
 
-__all__ = ["RunBlock", "Row", "rows", "remat_available"]
+__all__ = ["RunBlock", "Prepare", "Row", "rows", "remat_available", "REGION_SAVES"]
 
 #: How a mode runs one block: ``run_block(block, x)`` returns the block's output.
 RunBlock = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+#: What a mode does to its own copy of the model before training it (in place), e.g. ``sac2.apply_ac``.
+Prepare = Callable[[Transformer], None]
+
+#: The one-line region rows: row name -> ``save`` of ``sac2.apply_ac(model, "regions", save=...)``.
+REGION_SAVES = {"sac2 regions": ["attention", "linear"], "sac2 regions attn": ["attention"]}
 
 
 def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -35,10 +41,6 @@ def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _full(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return tuc.checkpoint(block, x, use_reentrant=False)
-
-
-def _sac2_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
-    return sac2.region(fn, name=name)
 
 
 def _remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
@@ -66,15 +68,26 @@ def remat_available() -> bool:
     return importlib.util.find_spec("torch_remat") is not None
 
 
+def _apply_regions(save: list[str]) -> Prepare:
+    """``sac2.apply_ac(model, "regions", save=save)`` on a row's copy: its blocks wrap themselves."""
+
+    def prepare(model: Transformer) -> None:
+        sac2.apply_ac(model, "regions", save=save, blocks=model.blocks)
+
+    return prepare
+
+
 @dataclass(frozen=True)
 class Row:
-    """One mode of the bench: its name, its policy in words, how it runs a block, and how the model wraps regions
-    (None: the default model)."""
+    """One mode of the bench: its name, its policy in words, how it runs a block, how the model is built with its
+    calls wrapped in regions by hand (``region``; None: the default model), and what is done to the row's copy
+    of the model before training (``prepare``; None: nothing)."""
 
     name: str
     policy: str
     run_block: RunBlock
     region: RegionWrap | None = None
+    prepare: Prepare | None = None
 
 
 def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
@@ -91,11 +104,10 @@ def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
     for fraction in (0.3, 0.5, 0.7):
         budget = memory_budget(model.blocks[0], (example,), fraction)
         out.append(Row(f"sac2 budget {fraction}", repr(budget), sac2_sac(budget)))
+    # One line on the unmodified model: apply_ac wraps the blocks themselves, so run_block just calls the block.
     # Under compile a region is traced through and each of its nodes gets the policy's answer for the region.
-    regions = [sac2.Region(name) for name in REGION_NAMES]
-    attn = [r for r in regions if r.name.startswith("attn.")]
-    out.append(Row("sac2 regions", f"save {[r.name for r in regions]}", sac2_sac(regions), _sac2_region))
-    out.append(Row("sac2 regions attn", f"save {[r.name for r in attn]}", sac2_sac(attn), _sac2_region))
+    for name, save in REGION_SAVES.items():
+        out.append(Row(name, f'apply_ac(model, "regions", save={save})', _no_checkpoint, prepare=_apply_regions(save)))
     if remat_available():
         out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, _remat_region))
     return out

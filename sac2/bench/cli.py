@@ -20,7 +20,7 @@ from sac2.bench.job import ATOL, COMPILE_BACKEND, RTOL, run
 from sac2.bench.length_curve import CURVE_LENGTHS, curve, format_curve
 from sac2.bench.memory import DEVICE_TYPES
 from sac2.bench.models import CONFIGS
-from sac2.bench.output import format_table, plot
+from sac2.bench.output import format_table, pareto_front, plot
 
 __all__ = ["main"]
 
@@ -116,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     title = f"sac2 bench: config {args.config}, {args.device}, {mode}, {args.steps} steps"
     print(title)
     print(format_table(results))
+    front = [results[i].name for i in pareto_front([(r.median_s, r.kept_bytes) for r in results])]
+    print(f"Pareto front (step time against kept memory; no other row is faster and keeps less): {', '.join(front)}")
     check = ("torch.allclose(atol=%g, rtol=%g)" % (ATOL, RTOL)) if args.compile else "bitwise (torch.equal)"
     print(f"equal: loss and every gradient vs none, {check}")
     print("memory: kept = allocated by forward and alive when backward starts; peak = forward+backward; "
@@ -132,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         payload = {"config": {"name": args.config, **asdict(CONFIGS[args.config])}, "device": args.device,
                    "steps": args.steps, "torch": torch.__version__, "compile": args.compile,
                    "backend": backend if args.compile else None, "check": check, "modes": rows_,
-                   "curve": curve_data, "notes": notes}
+                   "pareto_front": front, "curve": curve_data, "notes": notes}
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=2)
     if args.plot:

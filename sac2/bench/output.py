@@ -1,5 +1,5 @@
-"""What the bench shows of a run: the text table of its modes and the plot of memory against step time (with the
-per-op curve beside it when there is one)."""
+"""What the bench shows of a run: the text table of its modes and the plot of memory against step time (its Pareto
+front marked, with the per-op curve beside it when there is one)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,17 @@ from typing import Any, Sequence
 
 from sac2.bench.job import Result
 
-__all__ = ["format_table", "plot"]
+__all__ = ["format_table", "pareto_front", "plot"]
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point dominates, in order: ``(a, b)`` dominates ``(c, d)`` when ``a <= c`` and
+    ``b <= d`` and one of them is strictly smaller (for the bench: step time and kept memory, both lower is
+    better). Equal points do not dominate each other: both are on the front."""
+    return [
+        i for i, (x, y) in enumerate(points)
+        if not any(a <= x and b <= y and (a < x or b < y) for a, b in points)
+    ]
 
 
 def format_table(results: Sequence[Result]) -> str:
@@ -41,9 +51,13 @@ def plot(results: Sequence[Result], curve_data: dict[str, Any] | None, path: str
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 2 if curve_data else 1, 1)
     markers = "os^vD<>pP*Xh"
+    points = [(r.median_s * 1e3, r.kept_bytes / 2**20) for r in results]
+    front = pareto_front(points)
     for i, r in enumerate(results):  # a legend, not labels next to points: modes often land on top of each other
-        ax.scatter(r.median_s * 1e3, r.kept_bytes / 2**20, label=r.name, marker=markers[i % len(markers)])
-    ax.legend(fontsize="small")
+        name = f"{r.name} (Pareto front)" if i in front else r.name
+        ax.scatter(*points[i], label=name, marker=markers[i % len(markers)], zorder=3)
+    _mark_front(ax, [points[i] for i in front])
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)  # below: off the points
     ax.set_xlabel("median step time (ms)")
     ax.set_ylabel("activation memory kept for backward (MiB)")
     ax.set_title(title)
@@ -57,3 +71,13 @@ def plot(results: Sequence[Result], curve_data: dict[str, Any] | None, path: str
         cx.set_title(f"per-op cost vs region length ({curve_data['policy']})")
         cx.legend(fontsize="small")
     fig.savefig(path, bbox_inches="tight")
+
+
+def _mark_front(ax: Any, front: Sequence[tuple[float, float]]) -> None:
+    """Ring the Pareto-optimal points and join them with a dashed staircase (what no other row beats on both)."""
+    if not front:
+        return
+    xs, ys = zip(*sorted(front))
+    ax.scatter(xs, ys, s=220, facecolors="none", edgecolors="black", linewidths=1.2, zorder=2,
+               label="Pareto front: no row is both faster and keeps less")
+    ax.step(xs, ys, where="post", linestyle="--", color="black", linewidth=0.8, zorder=1)
