@@ -108,9 +108,10 @@ class SaveList:
         ops = list(ops)
         for op in ops:
             if isinstance(op, _compat.OpOverloadPacket):
-                raise ValueError(
-                    f"sac2: {op} in the save list is an OpOverloadPacket, which names every overload of the op; "
-                    f"list the overload the op runs as, e.g. {op}.default."
+                raise ValueError(  # torch's own words for this error lead, which code may match
+                    f"Expected op in `op_list` to be an OpOverload but got {op} of type {type(op)}. Please update "
+                    f"the OpOverloadPacket to a specific OpOverload: an OpOverloadPacket names every overload of the "
+                    f"op; list the overload the op runs as, e.g. {op}.default."
                 )
             if not isinstance(op, (_compat.OpOverload, _compat.HigherOrderOperator, Region)):
                 raise ValueError(  # led by torch's own words for this error, which code may match

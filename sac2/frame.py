@@ -155,13 +155,15 @@ class Frame:
         count = 0
         early_stop = self.early_stop
         finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
+        # sac2's modes ignore detach (the recompute hook's own): skip their Python dispatch for plain tensors
+        detach = _compat.detach_below_sac2 if finish_op is not None else _detach
 
         def pack(x: Tensor) -> Tensor:
             nonlocal count
             i = count
             count = i + 1
             if x.requires_grad:
-                x = x.detach()
+                x = detach(x)
             if i >= n:
                 if early_stop:  # the op that saved the last tensor finished (see below): stop
                     raise _Stop
@@ -235,6 +237,10 @@ def _run_in(contexts: list, fn: Callable[..., Any], args: list, kwargs: dict) ->
 
 def _identity(x: Any) -> Any:
     return x
+
+
+def _detach(x: Tensor) -> Tensor:
+    return x.detach()
 
 
 def _meta(meta: tuple) -> dict:

@@ -41,6 +41,7 @@ class SacMode(_compat.TorchDispatchMode):
     torch's "inside a dispatch mode" flags stay right when threads overlap, and the region protocol."""
 
     supports_higher_order_operators = True
+    _sac2_mode = True  # read by _compat.detach_below_sac2
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:

@@ -366,11 +366,13 @@ def rng_before(info_random: bool, args: tuple, kwargs: dict) -> tuple[torch.Gene
 
 
 def rng_moved(before: tuple[torch.Generator, Tensor] | None) -> GeneratorState | None:
-    """(generator, state before the call, state after it); serving compares, so an unmoved one costs no more."""
+    """(generator, state before the call, state after it), or None when the call drew nothing (a region or HOP
+    without random ops), which then costs nothing to serve."""
     if before is None:
         return None
     gen, state = before
-    return gen, state, gen.get_state()
+    after = gen.get_state()
+    return None if torch.equal(after, state) else (gen, state, after)
 
 
 def _device_of(args: tuple, kwargs: dict) -> torch.device:

@@ -64,7 +64,7 @@ class TestPolicyValidation(TestCase):
     def test_op_overload_packet_in_list_names_the_default_overload(self) -> None:
         with self.assertRaises(ValueError) as cm:
             sac2.create_selective_checkpoint_contexts([aten.mm.default, aten.mm])
-        self.assertExpectedInline(str(cm.exception), """sac2: aten.mm in the save list is an OpOverloadPacket, which names every overload of the op; list the overload the op runs as, e.g. aten.mm.default.""")  # noqa: E501
+        self.assertExpectedInline(str(cm.exception), """Expected op in `op_list` to be an OpOverload but got aten.mm of type <class 'torch._ops.OpOverloadPacket'>. Please update the OpOverloadPacket to a specific OpOverload: an OpOverloadPacket names every overload of the op; list the overload the op runs as, e.g. aten.mm.default.""")  # noqa: E501
 
     def test_non_op_in_list(self) -> None:
         with self.assertRaises(ValueError) as cm:

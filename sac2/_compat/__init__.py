@@ -31,6 +31,7 @@ from sac2._compat.autograd import (
 from sac2._compat.dispatch import (
     TorchDispatchMode,
     annotate_region,
+    detach_below_sac2,
     detach_keeping_version,
     dispatch_flags,
     dispatch_mode_stack,
@@ -104,6 +105,7 @@ from sac2._compat.torch_checkpoint import (
 )
 
 __all__ = [
+    "detach_below_sac2",
     "SDPA_FLASH",
     "SDPA_FLASH_CPU",
     "TO_COPY",

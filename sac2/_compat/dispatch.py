@@ -17,9 +17,10 @@ import torch.utils.checkpoint as _tuc
 from torch.utils import _python_dispatch as _pd
 
 __all__ = [
-    "TorchDispatchMode", "detach_keeping_version", "tracing_for_compile", "tag_traced_nodes", "annotate_region",
-    "traced_region", "mode_stack_len", "dispatch_mode_stack", "no_modes", "pop_mode", "push_mode", "mode_classes",
-    "set_dispatch_flags", "dispatch_flags", "skip_dynamo_in_mode", "skip_dynamo_in_code", "traced_checkpoint",
+    "TorchDispatchMode", "detach_keeping_version", "detach_below_sac2", "tracing_for_compile", "tag_traced_nodes",
+    "annotate_region", "traced_region", "mode_stack_len", "dispatch_mode_stack", "no_modes", "pop_mode", "push_mode",
+    "mode_classes", "set_dispatch_flags", "dispatch_flags", "skip_dynamo_in_mode", "skip_dynamo_in_code",
+    "traced_checkpoint",
 ]
 
 
@@ -45,6 +46,21 @@ _get_mode = torch._C._get_dispatch_mode
 _PROXY = torch._C._TorchDispatchModeKey.PROXY
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 _FUNCTIONAL = torch._C._TorchDispatchModeKey.FUNCTIONAL
+
+
+def detach_below_sac2(t: torch.Tensor) -> torch.Tensor:
+    """``t.detach()``, past the Python dispatch modes when ``t`` is a plain tensor and every mode on the stack is
+    sac2's (which do nothing for detach but cost a Python dispatch); otherwise through them, as torch's frame does.
+
+    Removable: a Python mode can declare ops it ignores, so the dispatcher skips it for them.
+    """
+    if type(t) is torch.Tensor and all(getattr(m, "_sac2_mode", False) for m in _pd._get_current_dispatch_mode_stack()):
+        with _no_python_dispatch():
+            return t.detach()
+    return t.detach()
+
+
+_no_python_dispatch = torch._C._DisableTorchDispatch
 
 
 def tracing_for_compile() -> bool:
