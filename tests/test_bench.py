@@ -138,7 +138,7 @@ class TestRows(TestCase):
     @pytest.mark.skipif(not checkpoint_modes.remat_available(), reason="torch_remat is not installed")
     def test_torch_remat_row_stays_annotated_by_hand(self):
         row = next(row for row in self._rows() if row.name == "torch_remat")
-        self.assertIs(row.region, checkpoint_modes._remat_region)
+        self.assertIs(row.region, checkpoint_modes.remat_region)
         self.assertIsNone(row.prepare)
 
 

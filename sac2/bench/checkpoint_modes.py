@@ -24,7 +24,7 @@ from sac2.bench.models import REGION_NAMES, RegionWrap, Transformer
 from sac2.policies import every_other_matmul, llm
 from sac2.policies.budget import memory_budget
 
-__all__ = ["RunBlock", "Prepare", "Row", "rows", "remat_available", "REGION_SAVES"]
+__all__ = ["RunBlock", "Prepare", "Row", "rows", "remat_available", "remat_region", "REGION_SAVES"]
 
 #: How a mode runs one block: ``run_block(block, x)`` returns the block's output.
 RunBlock = Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -43,7 +43,7 @@ def _full(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return tuc.checkpoint(block, x, use_reentrant=False)
 
 
-def _remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
+def remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
     """torch_remat's saved region around ``fn``; its outputs persist, since bare ops read them in recompute."""
     import torch_remat as remat
 
@@ -109,5 +109,5 @@ def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
     for name, save in REGION_SAVES.items():
         out.append(Row(name, f'apply_ac(model, "regions", save={save})', _no_checkpoint, prepare=_apply_regions(save)))
     if remat_available():
-        out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, _remat_region))
+        out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, remat_region))
     return out
