@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# CI step: the default suite on torch 2.15, from a clean clone's root; exits with pytest's status.
-# Creates its own venv, installs torch 2.15.0 and triton 3.9.0 (constraints-2.15.txt), then sac2 with its test
-# extra on that torch (the constraints keep pip from resolving torch again), and runs the default suite.
+# CI step: the type check and the default suite on torch 2.15, from a clean clone's root; exits non-zero when mypy
+# finds an error, else with pytest's status.
+# Creates its own venv, installs torch 2.15.0 and triton 3.9.0 (constraints-2.15.txt), then sac2 with its test and
+# lint extras on that torch (the constraints keep pip from resolving torch again), type-checks sac2 against that
+# torch with the pinned mypy (.ci/lint.sh checks against 2.13; CI runs it before this venv exists), and runs the
+# default suite.
 # The registry's torch 2.15 for Linux is a CUDA build; it runs on CPU, but it loads its CUDA libraries (cudnn,
 # cublas, nccl, ...) when imported, so torch --no-deps with only its pure-Python deps does not import: this is
 # the full install, about 5.5 GB. PIP_CONSTRAINT=/dev/null overrides a machine-wide pip cap on torch, if any.
@@ -10,6 +13,8 @@ cd "$(dirname "$0")/.."
 VENV="${TORCH215_VENV:-build/torch215-venv}"  # build/ is git-ignored
 python3 -m venv "$VENV"
 PIP_CONSTRAINT=/dev/null "$VENV/bin/pip" install -q torch triton -c constraints-2.15.txt
-PIP_CONSTRAINT=/dev/null "$VENV/bin/pip" install -q -e '.[test]' -c constraints-2.15.txt
+PIP_CONSTRAINT=/dev/null "$VENV/bin/pip" install -q -e '.[test,lint]' -c constraints-2.15.txt
 "$VENV/bin/python" -c 'import torch; assert torch.__version__.startswith("2.15."), torch.__version__'
+echo "mypy $("$VENV/bin/mypy" --version | cut -d' ' -f2), torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'):"
+"$VENV/bin/mypy" --cache-dir "$VENV/mypy-cache"  # config: [tool.mypy] in pyproject.toml
 exec "$VENV/bin/python" -m pytest -q --ignore=tests/clients

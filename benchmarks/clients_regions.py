@@ -280,7 +280,7 @@ def bench_model(spec: Model, rounds: int) -> list[Row]:
     for name, model in copies.items():
         grads = _grads(model)
         rows[name].equal = torch.equal(losses[name], ref_loss) and len(grads) == len(reference) and all(
-            _same(g, r) for g, r in zip(grads, reference))
+            _same(g, r) for g, r in zip(grads, reference, strict=True))
     names = list(setups)
     for name in names:  # warm up every path once more, untimed
         copies[name].zero_grad(set_to_none=True)
@@ -325,9 +325,9 @@ def plot(results: dict[str, list[Row]], path: str, title: str) -> None:
         for i, r in enumerate(rows):
             ax.scatter(*points[i], marker=markers[i % len(markers)], zorder=3, label=r.name)
         front = [points[i] for i in pareto_front(points)]
-        ax.scatter(*zip(*front), s=220, facecolors="none", edgecolors="black", linewidths=1.2, zorder=2,
+        ax.scatter(*zip(*front, strict=True), s=220, facecolors="none", edgecolors="black", linewidths=1.2, zorder=2,
                    label="Pareto front (no row faster and keeping less)")
-        stock = next(p for p, r in zip(points, rows) if r.name == STOCK)
+        stock = next(p for p, r in zip(points, rows, strict=True) if r.name == STOCK)
         ax.fill_between([0, stock[0]], 0, stock[1], color="tab:green", alpha=0.12, zorder=1,
                         label="dominates stock SAC (step and kept both <= stock's)")
         ax.set_xlim(left=0)

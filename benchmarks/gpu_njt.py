@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             ref[compiled] = out["grads"]
         tol = 1e-2 if cfg.dtype == "bfloat16" else 1e-4
         same = functools.partial(torch.allclose, atol=tol / 10, rtol=tol) if compiled else torch.equal
-        out["row"]["equal"] = all(same(a, b) for a, b in zip(out["grads"], ref[compiled]))
+        out["row"]["equal"] = all(same(a, b) for a, b in zip(out["grads"], ref[compiled], strict=True))
         out["row"]["check"] = "allclose" if compiled else "bitwise"
         rows.append(out["row"])
     print(f"NJT SDPA, docs {list(cfg.doc_lens)}, {cfg.dtype}, {device}; compiled rows: torch.compile(backend="

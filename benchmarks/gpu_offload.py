@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                        ("recompute all", None)):
         row, grads[name] = run(name, blocks, x, _policy(keep))
         rows.append(row)
-    same = all(torch.equal(a, b) for a, b in zip(grads["save"], grads["cpu offload"]))
+    same = all(torch.equal(a, b) for a, b in zip(grads["save"], grads["cpu offload"], strict=True))
     print(f"{'policy':<14} {'kept MiB':>10} {'peak MiB':>10} {'step ms':>9}")
     for r in rows:
         print(f"{r['policy']:<14} {r['kept_MiB']:>10.1f} {r['peak_MiB']:>10.1f} {r['step_ms']:>9.1f}")

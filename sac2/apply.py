@@ -8,7 +8,8 @@ from typing import Any, Callable, Iterable, Union
 
 from torch import nn
 
-from sac2.answers import SaveList
+from sac2 import messages
+from sac2.answers import Policy, SaveList
 from sac2.checkpointing import create_selective_checkpoint_contexts
 from sac2.model_regions import DEFAULT_SAVE, Target, make_regions
 from sac2.policies import llm
@@ -24,7 +25,7 @@ def apply_ac(
     model: nn.Module,
     mode: str = "selective",
     *,
-    policy: Any = None,
+    policy: Policy | None = None,
     save: Iterable[Target] | None = None,
     blocks: Blocks = None,
     every: int = 1,
@@ -51,13 +52,13 @@ def apply_ac(
     transformers already checkpoints (``gradient_checkpointing = True``) would be recomputed twice: it warns.
     """
     if mode not in _MODES:
-        raise ValueError(f"sac2.apply_ac: mode={mode!r}; expected one of {_MODES}.")
+        raise ValueError(messages.apply_ac_bad_mode(mode, _MODES))
     if mode != "selective" and policy is not None:
-        raise ValueError(f"sac2.apply_ac: a policy only applies to mode='selective', not mode={mode!r}.")
+        raise ValueError(messages.apply_ac_policy_needs_selective(mode))
     if mode != "regions" and save is not None:
-        raise ValueError(f"sac2.apply_ac: save= only applies to mode='regions', not mode={mode!r}.")
+        raise ValueError(messages.apply_ac_save_needs_regions(mode))
     if type(every) is not int or every < 1:
-        raise ValueError(f"sac2.apply_ac: every={every!r}; expected a positive int (1 wraps every block).")
+        raise ValueError(messages.apply_ac_bad_every(every))
     if mode == "none":
         return []
     found = _find_blocks(model, blocks)
@@ -82,12 +83,7 @@ def _warn_if_hf_checkpointed(blocks: list[tuple[nn.Module, str, str]]) -> None:
     modules = ((fqn, getattr(parent, attr)) for parent, attr, fqn in blocks)
     names = [fqn for fqn, m in modules if getattr(m, "gradient_checkpointing", False) is True]
     if names:
-        warnings.warn(
-            f"sac2.apply_ac: {names} already run under transformers' gradient checkpointing "
-            f"(gradient_checkpointing = True), so wrapping them checkpoints them twice. Call "
-            f"model.gradient_checkpointing_disable() before sac2.apply_ac.",
-            stacklevel=3,
-        )
+        warnings.warn(messages.apply_ac_checkpointed_twice(names), stacklevel=3)
 
 
 def _find_blocks(model: nn.Module, blocks: Blocks) -> list[tuple[nn.Module, str, str]]:
@@ -97,11 +93,11 @@ def _find_blocks(model: nn.Module, blocks: Blocks) -> list[tuple[nn.Module, str,
         blocks = _default_container(model)
     if isinstance(blocks, (nn.ModuleList, nn.ModuleDict)):
         if id(blocks) not in names:
-            raise ValueError("sac2.apply_ac: the blocks container given is not a submodule of the model.")
+            raise ValueError(messages.APPLY_AC_CONTAINER_NOT_SUBMODULE)
         prefix = names[id(blocks)]
         return [(blocks, attr, f"{prefix}.{attr}" if prefix else attr) for attr, _ in blocks.named_children()]
     if isinstance(blocks, str):
-        raise TypeError(f"sac2.apply_ac: blocks={blocks!r} is one name; pass a list of names, e.g. [{blocks!r}].")
+        raise TypeError(messages.apply_ac_blocks_is_one_name(blocks))
     if callable(blocks):
         found, inside = [], ()
         for fqn, m in model.named_modules():
@@ -109,7 +105,7 @@ def _find_blocks(model: nn.Module, blocks: Blocks) -> list[tuple[nn.Module, str,
                 found.append(fqn)
                 inside = tuple(f + "." for f in found)
         if not found:
-            raise ValueError("sac2.apply_ac: the blocks predicate accepted no submodule of the model.")
+            raise ValueError(messages.APPLY_AC_PREDICATE_MATCHED_NOTHING)
         blocks = found
     result = []
     for fqn in blocks:
@@ -118,29 +114,24 @@ def _find_blocks(model: nn.Module, blocks: Blocks) -> list[tuple[nn.Module, str,
             parent = model.get_submodule(parent_name)
             getattr(parent, attr)
         except AttributeError:
-            raise ValueError(f"sac2.apply_ac: the model has no submodule named {fqn!r}.") from None
+            raise ValueError(messages.apply_ac_no_such_submodule(fqn)) from None
         result.append((parent, attr, fqn))
     return result
 
 
-def _default_container(model: nn.Module) -> nn.Module:
+def _default_container(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
     layers = getattr(model, "layers", None)
     if isinstance(layers, (nn.ModuleList, nn.ModuleDict)):
         return layers
-    candidates = [
+    candidates: list[tuple[str, nn.ModuleList | nn.ModuleDict]] = [
         (fqn, m)
         for fqn, m in model.named_modules()
         if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and len(m) and len({type(c) for c in m.children()}) == 1
     ]
     if not candidates:
-        raise ValueError(
-            "sac2.apply_ac: found no nn.ModuleList/ModuleDict of blocks in the model; pass blocks= (a container, "
-            "module names or a predicate)."
-        )
+        raise ValueError(messages.APPLY_AC_NO_CONTAINER)
     most = max(len(m) for _, m in candidates)
     best = [(fqn, m) for fqn, m in candidates if len(m) == most]
     if len(best) > 1:
-        raise ValueError(
-            f"sac2.apply_ac: several containers could hold the blocks: {[fqn for fqn, _ in best]}; pass blocks=."
-        )
+        raise ValueError(messages.apply_ac_several_containers([fqn for fqn, _ in best]))
     return best[0][1]

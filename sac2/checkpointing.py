@@ -10,27 +10,42 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import Any, Callable, ContextManager, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, TypedDict, TypeVar, overload
 
 import torch
 import torch.utils.checkpoint as _tuc
 
-from sac2 import _compat, frame
-from sac2.answers import as_policy
+from sac2 import _compat, frame, messages
+from sac2.answers import Policy, as_policy
 from sac2.modes import CachingMode, ReplayMode
 from sac2.notices import count_forward
 from sac2.record import Record, Saved
 from sac2.region_record import RegionForward, RegionReplay, region_only
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["checkpoint", "create_selective_checkpoint_contexts"]
 
 T = TypeVar("T")
-ContextFn = Callable[[], tuple[ContextManager, ContextManager]]
+ContextFn = _compat.ContextFn
+
+
+class _Options(TypedDict):
+    """``checkpoint``'s own keyword options, bound by its decorator form."""
+
+    use_reentrant: bool | None
+    preserve_rng_state: bool
+    context_fn: ContextFn
+    determinism_check: str
+    debug: bool
+    early_stop: bool
+    respect_saved_tensors_hooks: bool | None
 
 
 def create_selective_checkpoint_contexts(
-    policy_fn_or_list: Any, allow_cache_entry_mutation: bool = False
-) -> tuple[CachingMode, ReplayMode]:
+    policy_fn_or_list: Policy, allow_cache_entry_mutation: bool = False
+) -> tuple[CachingMode | RegionForward, ReplayMode | RegionReplay]:
     """sac2's (forward, recompute) dispatch modes for a policy function or a list of ops to save.
 
     A policy is called as ``policy_fn(ctx, op, *args, **kwargs)`` once per op in forward (``ctx.op_output`` holds
@@ -48,7 +63,7 @@ def create_selective_checkpoint_contexts(
     policy, record = as_policy(policy_fn_or_list), Record()
     regions = region_only(policy)
     if regions is not None and not _compat.tracing_for_compile():
-        return RegionForward(regions, record), RegionReplay(record)  # type: ignore[return-value]
+        return RegionForward(regions, record), RegionReplay(record)
     return CachingMode(policy, record), ReplayMode(record, allow_cache_entry_mutation)
 
 
@@ -100,7 +115,7 @@ def checkpoint(
     scope (``save_on_cpu``): True routes it through them, False bypasses them, None bypasses them and warns
     (FutureWarning) when such hooks are in scope and something was saved, as torch 2.14+ does.
     """
-    options = dict(
+    options = _Options(
         use_reentrant=use_reentrant,
         preserve_rng_state=preserve_rng_state,
         context_fn=context_fn,
@@ -111,8 +126,9 @@ def checkpoint(
     )
     if function is None and not args:
         if kwargs:
-            raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+            raise ValueError(messages.unexpected_keyword_arguments(kwargs))
         return functools.partial(_Checkpointed, **options)
+    # function is None only with args (``checkpoint(None, x)``), which fails when called, as in torch.
     return _run(function, args, kwargs, **options)  # type: ignore[arg-type]
 
 
@@ -120,15 +136,15 @@ class _Checkpointed:
     """``function`` with checkpoint options bound: what ``checkpoint(**options)`` makes of it. As a method
     decorator it binds the function to the instance first, as torch 2.14's curried form does."""
 
-    def __init__(self, function: Callable[..., Any], **options: Any) -> None:
+    def __init__(self, function: Callable[..., Any], **options: Unpack[_Options]) -> None:
         self.function = function
         self.options = options
-        functools.update_wrapper(self, function, updated=())  # type: ignore[arg-type]
+        functools.update_wrapper(self, function, updated=())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return _run(self.function, args, kwargs, **self.options)
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> _Checkpointed:
         bind = getattr(self.function, "__get__", None)
         if instance is None or bind is None:
             return self
@@ -147,8 +163,8 @@ _TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(_tu
 
 def _run(
     function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     *,
     use_reentrant: bool | None,
     preserve_rng_state: bool,
@@ -173,21 +189,21 @@ def _run(
         return frame.run(function, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
                          determinism_check=determinism_check, debug=debug, early_stop=early_stop,
                          respect_saved_tensors_hooks=respect_saved_tensors_hooks)
-    forwards: list[Any] = []
+    forwards: list[ContextManager[object]] = []
     route = hooks if respect_saved_tensors_hooks else None
     with_hooks = functools.partial(_contexts_with_hooks, context_fn, route, forwards)
     out = frame.run(function, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=with_hooks,
                     determinism_check=determinism_check, debug=debug, early_stop=early_stop,
                     respect_saved_tensors_hooks=respect_saved_tensors_hooks)
     if respect_saved_tensors_hooks is None and any(_saved_something(f) for f in forwards):
-        warnings.warn(_HOOKS_BYPASSED, FutureWarning, stacklevel=3)
+        warnings.warn(messages.HOOKS_BYPASSED, FutureWarning, stacklevel=3)
     return out
 
 
 def _torch_checkpoint(
     function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     use_reentrant: bool,
     preserve_rng_state: bool,
     context_fn: ContextFn,
@@ -210,21 +226,17 @@ def _torch_checkpoint(
         options["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
     if use_reentrant:
         if context_fn is not _compat.noop_context_fn:
-            raise ValueError(
-                "sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective "
-                "policy; drop use_reentrant (sac2 defaults to False) to use context_fn."
-            )
+            raise ValueError(messages.REENTRANT_WITH_POLICY)
         if respect_saved_tensors_hooks is not None and not _TORCH_TAKES_HOOKS_FLAG:
-            raise ValueError(  # torch 2.14's own error
-                "Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when "
-                "use_reentrant=False."
-            )
+            raise ValueError(messages.REENTRANT_OPTIONS)  # torch 2.14's own error
     elif context_fn is not _compat.noop_context_fn:
         options["context_fn"] = context_fn
     return _tuc.checkpoint(function, *args, **options, **kwargs)
 
 
-def _contexts_with_hooks(context_fn: ContextFn, hooks: Any, forwards: list) -> tuple[ContextManager, ContextManager]:
+def _contexts_with_hooks(
+    context_fn: ContextFn, hooks: _compat.HookPair | None, forwards: list[ContextManager[object]]
+) -> tuple[ContextManager[object], ContextManager[object]]:
     """``context_fn()``, with sac2's forward context told which saved-tensor hooks its saved tensors go through."""
     forward, recompute = context_fn()
     if hasattr(forward, "saved_tensors_hooks"):
@@ -233,14 +245,7 @@ def _contexts_with_hooks(context_fn: ContextFn, hooks: Any, forwards: list) -> t
     return forward, recompute
 
 
-def _saved_something(forward: Any) -> bool:
+def _saved_something(forward: object) -> bool:
     record = getattr(forward, "record", None)
     return record is not None and any(type(e) is Saved for e in record.log)
 
-
-_HOOKS_BYPASSED = (
-    "A saved_tensors_hooks context (e.g. save_on_cpu) is active around a selective activation checkpoint region. "
-    "Tensors that SAC saves currently bypass these hooks, but a future release will route them through the hooks "
-    "like any other saved tensor. Silence this warning and choose the behavior explicitly by passing "
-    "respect_saved_tensors_hooks=True|False to sac2.checkpoint."
-)

@@ -17,7 +17,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from sac2 import _compat, dispatch_flags
+from sac2 import _compat, dispatch_flags, messages
 from sac2.modes import SacMode
 
 __all__ = ["compiled_region", "sac2_modes_on_top"]
@@ -25,20 +25,15 @@ __all__ = ["compiled_region", "sac2_modes_on_top"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def sac2_modes_on_top() -> list:
+def sac2_modes_on_top() -> list[SacMode]:
     """The sac2 modes at the top of this thread's dispatch-mode stack, innermost last; [] outside sac2 SAC."""
     stack = _compat.dispatch_mode_stack()
     k = len(stack)
     while k and isinstance(stack[k - 1], SacMode):
         k -= 1
     if k and any(isinstance(m, SacMode) for m in stack[:k]):
-        above = stack[k - 1]
-        raise RuntimeError(
-            f"sac2.compiled_region: {type(above).__module__}.{type(above).__qualname__} is on the dispatch-mode "
-            f"stack above sac2's modes; sac2 pops only its own modes, which must be innermost. Enter that mode "
-            f"outside the checkpointed function, or inside the region's body."
-        )
-    return stack[k:]
+        raise RuntimeError(messages.mode_above_sac2_modes(stack[k - 1]))
+    return [m for m in stack[k:] if isinstance(m, SacMode)]  # all of them: the isinstance is for the type
 
 
 class compiled_region:
@@ -53,7 +48,7 @@ class compiled_region:
     __slots__ = ("_popped",)
 
     def __init__(self) -> None:
-        self._popped: list = []
+        self._popped: list[_compat.TorchDispatchMode] = []
 
     def __enter__(self) -> None:
         if torch.compiler.is_compiling():
@@ -66,7 +61,7 @@ class compiled_region:
         if modes:
             dispatch_flags.sync()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if not self._popped:
             return
         while self._popped:

@@ -19,7 +19,7 @@ __all__ = ["sync"]
 _lock = threading.Lock()
 _flags_of_thread: dict[int, tuple[bool, bool, bool]] = {}  # threads inside sac2 -> what their own stack needs
 _depth: dict[int, int] = {}  # threads inside sac2 -> how many sac2 modes they are in
-_class_flags: dict[type, tuple[bool, bool]] = {}
+_class_flags: dict[type[_compat.TorchDispatchMode], tuple[bool, bool]] = {}
 
 
 def _own_flags() -> tuple[bool, bool, bool]:

@@ -17,20 +17,24 @@ frame, which is also one switch away (``use_torch_frame``).
 
 from __future__ import annotations
 
+import enum
 import threading
 import weakref
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any, Callable, ContextManager, Final, TypeAlias
 
 import torch
+from torch.utils.checkpoint import GraphExecGroup
 
-from sac2 import _compat
+from sac2 import _compat, messages
 from sac2.notices import count_forward
 
 __all__ = ["run", "frames", "use_torch_frame", "torch_frame_in_use", "CheckpointError"]
 
 Tensor = torch.Tensor
 CheckpointError = _compat.CheckpointError
-ContextFn = Callable[[], "tuple[ContextManager, ContextManager]"]
+ContextFn = _compat.ContextFn
+#: What the determinism check compares of a saved tensor: its shape, dtype and device.
+Meta: TypeAlias = tuple[torch.Size, torch.dtype, torch.device]
 
 _DETERMINISM_CHECKS = ("default", "none")
 
@@ -40,14 +44,21 @@ class _Holder:
     weakly, so a recompute does not keep tensors whose part of the graph is gone."""
 
     __slots__ = ("index", "__weakref__")
+    index: int
 
 
 class _Stop(Exception):
     """Raised by the recompute hook once every saved tensor is back (early stop); caught by the frame."""
 
 
+class _Slot(enum.Enum):
+    UNPACKED = 0
+
+
 #: A slot whose tensor this backward has already unpacked.
-_UNPACKED = object()
+_UNPACKED: Final = _Slot.UNPACKED
+#: What recompute leaves at each position: the tensor, None where its holder was gone, or ``_UNPACKED``.
+Store: TypeAlias = list["Tensor | None | _Slot"]
 
 
 class _Switch(threading.local):
@@ -71,7 +82,7 @@ class use_torch_frame:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         _switch.torch_frame = self.prev
 
 
@@ -94,10 +105,10 @@ class Frame:
     def __init__(
         self,
         fn: Callable[..., Any],
-        args: tuple,
-        kwargs: dict,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         preserve_rng_state: bool,
-        recompute_context: ContextManager | None,
+        recompute_context: ContextManager[object] | None,
         determinism_check: str,
         early_stop: bool,
     ) -> None:
@@ -105,9 +116,9 @@ class Frame:
         self.recompute_context = recompute_context
         self.early_stop = early_stop
         self.check = determinism_check == "default"
-        self.holders: list[weakref.ref] = []
-        self.metas: list[tuple] = []
-        self.stores: dict[Any, list] = {}
+        self.holders: list[weakref.ref[_Holder]] = []
+        self.metas: list[Meta] = []
+        self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
         self.ignore_mismatch = False
         self.devices = _compat.checkpoint_devices(args)
@@ -115,7 +126,7 @@ class Frame:
         self.rng = _compat.rng_states(self.devices) if preserve_rng_state else None
         self.device_context = _compat.device_context()
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
-        self.inputs = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
+        self.inputs: list[object] = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
 
     def hooks(self) -> tuple[Callable[[Tensor], _Holder], Callable[[_Holder], Tensor]]:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
@@ -136,22 +147,24 @@ class Frame:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
         gid = _compat.graph_task()
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
-            return self.recompute()[h.index]
-        store = self.stores.get(gid)
-        if store is None:
-            store = self.stores[gid] = self.recompute()
-        i = h.index
-        t = store[i]
-        if t is _UNPACKED:
-            raise CheckpointError(_compat.unpacked_twice_message())
-        store[i] = _UNPACKED
+            t = self.recompute()[h.index]
+        else:
+            store = self.stores.get(gid)
+            if store is None:
+                store = self.stores[gid] = self.recompute()
+            i = h.index
+            t = store[i]
+            if t is _UNPACKED:
+                raise CheckpointError(messages.unpacked_twice(_compat.graph_exec_group() is not None))
+            store[i] = _UNPACKED
+        assert isinstance(t, Tensor), "recompute fills the slot of every live holder"
         return t
 
-    def recompute(self) -> list:
+    def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
         holders = self.holders
         n = len(holders)
-        store: list = [None] * n
+        store: Store = [None] * n
         count = 0
         early_stop = self.early_stop
         finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
@@ -170,10 +183,7 @@ class Frame:
                 if not self.completed:  # a backward inside the forward, without early stop
                     self.ignore_mismatch = True
                     return x
-                raise CheckpointError(
-                    "torch.utils.checkpoint: trying to save more tensors during recomputation than during the "
-                    "original forward pass.\n" + _compat.DEBUG_TIP
-                )
+                raise CheckpointError(messages.more_saved_in_recompute(_compat.DEBUG_TIP))
             if holders[i]() is not None:
                 store[i] = x
             if early_stop and count == n and (finish_op is None or not finish_op(_Stop)):
@@ -202,31 +212,25 @@ class Frame:
             self._check(count, store)
         return store
 
-    def _check(self, count: int, store: list) -> None:
+    def _check(self, count: int, store: Store) -> None:
         """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device."""
         n = len(self.holders)
         if count != n:
-            raise CheckpointError(
-                "torch.utils.checkpoint: A different number of tensors was saved during the original forward and "
-                f"recomputation.\nNumber of tensors saved during forward: {n}\nNumber of tensors saved during "
-                f"recomputation: {count}.\n" + _compat.DEBUG_TIP
-            )
+            raise CheckpointError(messages.saved_count_differs(n, count, _compat.DEBUG_TIP))
         if not self.check:
             return
         bad = [
-            f"tensor at position {i}:\nsaved metadata: {_meta(meta)}\n"
-            f"recomputed metadata: {_meta((t.shape, t.dtype, t.device))}\n"
+            (i, _meta(meta), _meta((t.shape, t.dtype, t.device)))
             for i, (meta, t) in enumerate(zip(self.metas, store, strict=True))
-            if t is not None and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device)
+            if isinstance(t, Tensor) and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device)
         ]
         if bad:
-            raise CheckpointError(
-                "torch.utils.checkpoint: Recomputed values for the following tensors have different metadata than "
-                f"during the forward pass.\n{''.join(bad)}.\n" + _compat.DEBUG_TIP
-            )
+            raise CheckpointError(messages.metadata_differs(bad, _compat.DEBUG_TIP))
 
 
-def _run_in(contexts: list, fn: Callable[..., Any], args: list, kwargs: dict) -> None:
+def _run_in(
+    contexts: list[ContextManager[object]], fn: Callable[..., Any], args: list[object], kwargs: dict[str, Any]
+) -> None:
     """``fn(*args, **kwargs)`` inside ``contexts``, entered in order and exited in reverse, as nested ``with``s."""
     if not contexts:
         fn(*args, **kwargs)
@@ -235,7 +239,7 @@ def _run_in(contexts: list, fn: Callable[..., Any], args: list, kwargs: dict) ->
         _run_in(contexts[1:], fn, args, kwargs)
 
 
-def _identity(x: Any) -> Any:
+def _identity(x: Tensor) -> Tensor:
     return x
 
 
@@ -243,7 +247,7 @@ def _detach(x: Tensor) -> Tensor:
     return x.detach()
 
 
-def _meta(meta: tuple) -> dict:
+def _meta(meta: Meta) -> dict[str, object]:
     return {"shape": meta[0], "dtype": meta[1], "device": meta[2]}
 
 
@@ -258,15 +262,13 @@ def _delegated(debug: bool) -> bool:
 
 def _validate(determinism_check: str) -> None:
     if determinism_check not in _DETERMINISM_CHECKS:
-        raise ValueError(
-            f"determinism_check should be one of {list(_DETERMINISM_CHECKS)}, but got {determinism_check}"
-        )
+        raise ValueError(messages.bad_determinism_check(_DETERMINISM_CHECKS, determinism_check))
 
 
 def run(
     function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     *,
     preserve_rng_state: bool,
     context_fn: ContextFn,
@@ -299,8 +301,8 @@ def run(
 
 def frames(
     function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     *,
     preserve_rng_state: bool,
     context_fn: ContextFn,
@@ -308,7 +310,7 @@ def frames(
     debug: bool,
     early_stop: bool,
     respect_saved_tensors_hooks: bool | None = None,
-) -> Iterator[None]:
+) -> _compat.FrameGenerator:
     """The same as ``run``, in the shape of torch's frame: a generator that yields once, while the function runs,
     and that torch's ``checkpoint`` drives with ``next``/``throw`` while sac2 is installed."""
     _validate(determinism_check)
@@ -335,7 +337,9 @@ def frames(
     _completed(frame)
 
 
-def _contexts(context_fn: ContextFn, respect_saved_tensors_hooks: bool | None) -> tuple[Any, Any]:
+def _contexts(
+    context_fn: ContextFn, respect_saved_tensors_hooks: bool | None
+) -> tuple[ContextManager[object] | None, ContextManager[object] | None]:
     """The (forward, recompute) contexts ``context_fn`` gives; (None, None) for torch's no-op default, which the
     frame then skips entering."""
     if context_fn is _compat.noop_context_fn:
@@ -347,10 +351,10 @@ def _contexts(context_fn: ContextFn, respect_saved_tensors_hooks: bool | None) -
 
 def _frame(
     function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
     preserve_rng_state: bool,
-    recompute_context: ContextManager | None,
+    recompute_context: ContextManager[object] | None,
     determinism_check: str,
     early_stop: bool,
 ) -> Frame:
@@ -359,7 +363,11 @@ def _frame(
                  early_stop if override is None else override)
 
 
-def _enter(forward_context: ContextManager | None, pack: Callable, unpack: Callable) -> None:
+def _enter(
+    forward_context: ContextManager[object] | None,
+    pack: Callable[[Tensor], _Holder],
+    unpack: Callable[[_Holder], Tensor],
+) -> None:
     _compat.push_checkpoint_hooks(pack, unpack, forward=True)
     if forward_context is None:
         return
@@ -370,7 +378,9 @@ def _enter(forward_context: ContextManager | None, pack: Callable, unpack: Calla
         raise
 
 
-def _exit(forward_context: ContextManager | None, pack: Callable, error: BaseException | None) -> None:
+def _exit(
+    forward_context: ContextManager[object] | None, pack: Callable[[Tensor], _Holder], error: BaseException | None
+) -> None:
     """Leave the forward context, then pop the hooks (``with hooks, forward_context:`` in torch's frame)."""
     try:
         if forward_context is None:
@@ -378,11 +388,7 @@ def _exit(forward_context: ContextManager | None, pack: Callable, error: BaseExc
         elif error is None:
             forward_context.__exit__(None, None, None)
         elif forward_context.__exit__(type(error), error, error.__traceback__):
-            raise RuntimeError(
-                "torch.utils.checkpoint: the forward context provided by context_fn suppressed an exception raised "
-                "during the checkpointed forward. This is not supported because checkpoint cannot return a value "
-                "for a failed forward."
-            )
+            raise RuntimeError(messages.CONTEXT_SUPPRESSED_ERROR)
     finally:
         _compat.pop_checkpoint_hooks(pack)
 
@@ -390,7 +396,4 @@ def _exit(forward_context: ContextManager | None, pack: Callable, error: BaseExc
 def _completed(frame: Frame) -> None:
     frame.completed = True
     if frame.rng is not None and _compat.device_initialized_since(frame.devices, frame.rng):
-        raise RuntimeError(
-            "PyTorch's device state was initialized in the forward pass of a Checkpoint, which is not allowed. "
-            "Please open an issue if you need this feature."
-        )
+        raise RuntimeError(messages.DEVICE_INITIALIZED_IN_FORWARD)

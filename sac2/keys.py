@@ -7,13 +7,14 @@ to torch.compile. ``sac2.region`` calls are keyed by a ``Region``.
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, TypeAlias, Union, final
 
 from sac2 import _compat
 
-__all__ = ["Region", "KEYED_OPS", "op_key", "replay_key", "region_of"]
+__all__ = ["Region", "PolicyOp", "CompiledKey", "Key", "KEYED_OPS", "op_key", "replay_key", "region_of"]
 
 
+@final  # ``type(op) is Region`` tells a region from an op both ways
 class Region:
     """A named unit of work that a policy can match: a ``sac2.region`` call or a ``torch.compile(name=...)`` region.
 
@@ -37,25 +38,33 @@ class Region:
         return f"Region({self.name!r})"
 
 
+#: What a policy receives as ``op``: the op the dispatcher runs, or the ``Region`` of a ``sac2.region`` call.
+PolicyOp: TypeAlias = Union[_compat.Op, Region]
+#: A compiled callable's replay key: (``inductor_compiled_code``, the callable's index, its torch.compile name).
+CompiledKey: TypeAlias = tuple[_compat.Op, int, Union[str, None]]
+#: What a call is recorded and matched under (``replay_key``): the op, a compiled callable's key, or a ``Region``.
+Key: TypeAlias = Union[_compat.Op, CompiledKey, Region]
+
 #: Ops whose replay key is not the op itself.
-KEYED_OPS: frozenset = frozenset(op for op in (_compat.INDUCTOR_COMPILED_CODE,) if op is not None)
+KEYED_OPS: frozenset[_compat.Op] = frozenset(op for op in (_compat.INDUCTOR_COMPILED_CODE,) if op is not None)
 
-_keys: dict[tuple, tuple] = {}
+_keys: dict[CompiledKey, CompiledKey] = {}
 
 
-def op_key(func: Any, args: tuple) -> Hashable:
+def op_key(func: _compat.Op, args: tuple[Any, ...]) -> CompiledKey:
     """The replay key of a KEYED_OPS call: one interned key per compiled callable, so keys compare by identity."""
     idx, name = _compat.compiled_callable_key(args)
     key = (func, idx, name)
     return _keys.setdefault(key, key)
 
 
-def replay_key(func: Any, args: tuple) -> Hashable:
-    """The key a call is recorded and matched under: the op itself, or ``op_key`` for KEYED_OPS."""
-    return op_key(func, args) if func in KEYED_OPS else func
+def replay_key(func: PolicyOp, args: tuple[Any, ...]) -> Key:
+    """The key a call is recorded and matched under: the op itself (a region: its ``Region``), or ``op_key`` for
+    KEYED_OPS."""
+    return op_key(func, args) if type(func) is not Region and func in KEYED_OPS else func
 
 
-def region_of(op: Any, args: tuple = ()) -> Region | None:
+def region_of(op: object, args: tuple[Any, ...] = ()) -> Region | None:
     """The ``Region`` an op stands for (a sac2 region, or compiled code given a name), else None."""
     if type(op) is Region:
         return op

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from sac2 import messages
+
 __all__ = ["Solution", "solve"]
 
 #: Largest DP table (items x capacity cells) built; 32M one-byte cells.
@@ -36,9 +38,9 @@ class Solution:
 def solve(weights: Sequence[int], values: Sequence[float], capacity: int) -> Solution:
     """Indices maximising the summed value with summed weight at most ``capacity`` (weights >= 0)."""
     if capacity < 0:
-        raise ValueError(f"sac2.knapsack: capacity must be >= 0, got {capacity}.")
+        raise ValueError(messages.knapsack_negative_capacity(capacity))
     if any(w < 0 for w in weights) or any(v < 0 for v in values):
-        raise ValueError("sac2.knapsack: weights and values must be >= 0.")
+        raise ValueError(messages.KNAPSACK_NEGATIVE_ITEMS)
     free = [i for i, w in enumerate(weights) if w == 0 and values[i] > 0]
     items = [i for i, w in enumerate(weights) if 0 < w <= capacity and values[i] > 0]
     g = math.gcd(*(weights[i] for i in items)) if items else 1
@@ -66,7 +68,7 @@ def _dp(weights: list[int], values: list[float], capacity: int) -> list[int]:
 
     best = np.zeros(capacity + 1)
     take = np.zeros((len(weights), capacity + 1), dtype=bool)
-    for j, (w, v) in enumerate(zip(weights, values)):
+    for j, (w, v) in enumerate(zip(weights, values, strict=True)):
         if w > capacity:
             continue
         cand = best[:-w] + v  # from the table before this item: each item at most once

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
 
-from sac2 import module_class
+from sac2 import messages, module_class
 from sac2.keys import Region
 from sac2.regions import call_region, region_key
 
@@ -43,7 +43,8 @@ Target = str | type
 
 
 def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    return call_region(self._sac2_region, forward, args, kwargs)
+    key: Region = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
+    return call_region(key, forward, args, kwargs)
 
 
 module_class.register_kind("Region", _region_forward)
@@ -51,7 +52,7 @@ module_class.register_kind("Region", _region_forward)
 
 def region_name_of(module: nn.Module) -> str | None:
     """The region a module's calls are (set by ``make_regions``), or None."""
-    key = getattr(module, "_sac2_region", None)
+    key: Region | None = vars(module).get("_sac2_region")
     return key.name if key is not None else None
 
 
@@ -76,16 +77,15 @@ def _is_attention_kernel(module: nn.Module) -> bool:
     return type(module).__name__.endswith("Attention") and next(module.parameters(), None) is None
 
 
-def _check_targets(save: Iterable[Target]) -> list[Target]:
-    targets = list(save)
-    if not targets:
-        raise ValueError("sac2.apply_ac: mode='regions' needs at least one thing to save (save=...).")
-    for t in targets:
+def _check_targets(save: Iterable[object]) -> list[Target]:
+    """``save`` as given by the user, checked: module classes and strings."""
+    targets: list[Target] = []
+    for t in save:
         if not (isinstance(t, str) or (isinstance(t, type) and issubclass(t, nn.Module))):
-            raise TypeError(
-                f"sac2.apply_ac: save={t!r} is neither a module class nor a string ('attention', 'linear', "
-                f"'experts', or a glob over module names inside a block such as 'mlp.down_proj')."
-            )
+            raise TypeError(messages.regions_bad_target(t))
+        targets.append(t)
+    if not targets:
+        raise ValueError(messages.REGIONS_NOTHING_TO_SAVE)
     return targets
 
 
@@ -93,7 +93,8 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
     """Make the calls ``save`` names inside each block regions (in place); return the ``Region``s to save."""
     targets = _check_targets(save)
     modules = [t for t in targets if t != ATTENTION]
-    chosen: dict[str, tuple[str, nn.Module]] = {}  # "block fqn/relative name" -> (relative name, module)
+    # "block fqn/relative name" -> (relative name, module), or None for transformers' attention interface
+    chosen: dict[str, tuple[str, nn.Module] | None] = {}
     hit: set[int] = set()
     for block_name, block in blocks:
         for name, module in block.named_modules():
@@ -110,48 +111,39 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
     missed = [modules[i] for i in range(len(modules)) if i not in hit and (modules[i] not in (LINEAR, EXPERTS) or
                                                                           not hit)]
     if missed:
-        raise ValueError(
-            f"sac2.apply_ac: save={missed} matches no module inside the blocks ({[b for b, _ in blocks][:3]}...); "
-            f"module names there look like {_sample(blocks)}."
-        )
+        raise ValueError(messages.pattern_matches_nothing(missed, blocks))
     if ATTENTION in targets:
         chosen.update(_attention(model, blocks))
     _refuse_nesting(chosen)
     names = set()
-    for name, module in chosen.values():
-        if name is None:
+    for found in chosen.values():
+        if found is None:
             names.add(ATTENTION)  # the attention interface, made a region already
             continue
+        name, module = found
         _refuse(module, name)
-        module._sac2_region = region_key(name)
+        vars(module)["_sac2_region"] = region_key(name)
         if not module_class.is_kind(module, "Region"):  # made a region before: renamed only
             module_class.swap_class(module, "Region")
         names.add(name)
     return [region_key(n) for n in sorted(names)]
 
 
-def _sample(blocks: Sequence[tuple[str, nn.Module]]) -> list[str]:
-    return [n for n, _ in blocks[0][1].named_modules() if n][:6] if blocks else []
-
-
-def _attention(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]]) -> dict[str, tuple[Any, Any]]:
+def _attention(
+    model: nn.Module, blocks: Sequence[tuple[str, nn.Module]]
+) -> dict[str, tuple[str, nn.Module] | None]:
     """The attention calls as regions: a transformers model's attention interface, else the blocks' attention
-    kernel modules (named ``attention``). Returns the modules to make regions (none for transformers)."""
+    kernel modules (named ``attention``). Returns the modules to make regions (None for transformers)."""
     if _transformers_attention(model):
-        return {"attention interface": (None, None)}
-    kernels = {
+        return {"attention interface": None}
+    kernels: dict[str, tuple[str, nn.Module] | None] = {
         f"{block_name}.{name}": (ATTENTION, module)
         for block_name, block in blocks
         for name, module in block.named_modules()
         if name and _is_attention_kernel(module)
     }
     if not kernels:
-        raise ValueError(
-            "sac2.apply_ac: save='attention' found no attention call to make a region: the model is not a "
-            "transformers model (whose attention interface sac2 can wrap) and its blocks have no attention kernel "
-            "module (a module without parameters whose class name ends in 'Attention', as torchtitan's). If the "
-            "blocks call F.scaled_dot_product_attention inline, wrap that call with sac2.region(name='attention')."
-        )
+        raise ValueError(messages.NO_ATTENTION_CALL)
     return kernels
 
 
@@ -159,7 +151,8 @@ def _transformers_attention(model: nn.Module) -> bool:
     """Register the model's attention function again as a region and switch the model to it (transformers)."""
     config = getattr(model, "config", None)
     implementation = getattr(config, "_attn_implementation", None)
-    if not isinstance(implementation, str) or not hasattr(model, "set_attn_implementation"):
+    set_implementation: Callable[[str], object] | None = getattr(model, "set_attn_implementation", None)
+    if not isinstance(implementation, str) or set_implementation is None:
         return False
     if implementation.startswith("sac2_"):
         return True  # done before
@@ -182,18 +175,15 @@ def _transformers_attention(model: nn.Module) -> bool:
     AttentionInterface.register(name, attention)
     # transformers builds the attention mask by the implementation's name too: the same mask as before.
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
-    model.set_attn_implementation(name)
+    set_implementation(name)
     return True
 
 
-def _refuse_nesting(chosen: dict[str, tuple[Any, Any]]) -> None:
+def _refuse_nesting(chosen: dict[str, tuple[str, nn.Module] | None]) -> None:
     names = sorted(chosen)
     for outer, inner in zip(names, names[1:], strict=False):
         if inner.startswith(outer + "."):
-            raise ValueError(
-                f"sac2.apply_ac: {inner!r} is inside {outer!r}, and both would be regions; a region is one op for the "
-                f"policy, so one cannot hold another. Save one of them (narrow the module class or name pattern)."
-            )
+            raise ValueError(messages.nested_regions(inner, outer))
 
 
 def _refuse(module: nn.Module, name: str) -> None:
@@ -201,16 +191,11 @@ def _refuse(module: nn.Module, name: str) -> None:
     from sac2.wrappers import CheckpointWrapper
 
     if isinstance(module, CheckpointWrapper) or hasattr(module, "_sac2_checkpoint_kwargs"):
-        raise ValueError(f"sac2.apply_ac: {name!r} is checkpointed itself; a checkpoint cannot be a region.")
+        raise ValueError(messages.region_is_checkpointed(name))
     inner = [n for n, m in module.named_modules() if n and isinstance(m, CheckpointWrapper)]
     if inner:
-        raise ValueError(
-            f"sac2.apply_ac: {name!r} holds checkpointed modules ({inner[:3]}); a region's body runs once and is "
-            f"kept or run again whole, so it cannot hold a checkpoint."
-        )
+        raise ValueError(messages.region_holds_checkpoints(name, inner[:3]))
     if isinstance(module, (nn.ModuleList, nn.ModuleDict)):
-        raise ValueError(f"sac2.apply_ac: {name!r} is a {type(module).__name__}, which is never called; name the "
-                         f"modules inside it.")
+        raise ValueError(messages.region_is_container(name, module))
     if "forward" in module.__dict__:
-        raise ValueError(f"sac2.apply_ac: {name!r} has its own forward set on the instance, which a region cannot "
-                         f"wrap; make it a region by hand with sac2.region.")
+        raise ValueError(messages.region_forward_on_instance(name))

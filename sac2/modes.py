@@ -15,18 +15,21 @@ partitioner decides from the tags, as in torch's SAC.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from sac2 import _compat, dispatch_flags, keys, writes
-from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, SaveList, decide, op_name
-from sac2.notices import DIVERGED as _DIVERGED
-from sac2.notices import count_forward, diverged, overlapping_write, unseen_writes, warn_once
+from sac2 import _compat, dispatch_flags, keys, messages, writes
+from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, PolicyFn, SaveList, decide, op_name
+from sac2.notices import count_forward, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.record import Record, Saved, rng_before, rng_moved
 from sac2.region_record import record_region, replay_region
 from sac2.tracing import Tracer
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["SacMode", "CachingMode", "ReplayMode"]
 
@@ -51,16 +54,25 @@ class SacMode(_compat.TorchDispatchMode):
         _compat.skip_dynamo_in_mode(cls)  # before torch's __init_subclass__, which reads it
         super().__init_subclass__(**kwargs)
 
-    def __enter__(self) -> SacMode:
+    def __enter__(self) -> Self:
         super().__enter__()
         dispatch_flags.sync(+1)  # torch's save/restore of its mode flags breaks when threads overlap
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         super().__exit__(exc_type, exc, tb)
         dispatch_flags.sync(-1)
 
-    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+    def region(
+        self,
+        key: keys.Region,
+        run: Callable[..., Any],
+        run_kept: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         """A ``sac2.region`` call: one op for the policy. ``run`` leaves the body's backward state to the
         checkpoint; ``run_kept`` keeps it for real (a saved region never runs in backward)."""
         raise NotImplementedError
@@ -72,7 +84,7 @@ class SacMode(_compat.TorchDispatchMode):
 class CachingMode(SacMode):
     """Forward: run each op, ask the policy, record it, keep the outputs of saved ops."""
 
-    def __init__(self, policy_fn: Callable, record: Record) -> None:
+    def __init__(self, policy_fn: PolicyFn, record: Record) -> None:
         super().__init__()
         self.policy_fn = policy_fn
         self.record = record
@@ -80,7 +92,7 @@ class CachingMode(SacMode):
         self.ac_graph_id: int | None = None  # set by torch when it traces this region for torch.compile
         #: The user's (pack, unpack) saved-tensor hooks that saved entries go through, or None (set by sac2's
         #: checkpoint for ``respect_saved_tensors_hooks=True``).
-        self.saved_tensors_hooks: tuple[Callable, Callable] | None = None
+        self.saved_tensors_hooks: _compat.HookPair | None = None
         self._save_ops = policy_fn.ops if type(policy_fn) is SaveList else None
         self._save_ids = None if self._save_ops is None else frozenset(map(id, self._save_ops))
         self._ctx = ForwardContext()
@@ -88,12 +100,18 @@ class CachingMode(SacMode):
         self._policy_error: TypeError | None = None
         self._tracer: Tracer | None = None  # while torch.compile traces this forward
 
-    def __enter__(self) -> CachingMode:
+    def __enter__(self) -> Self:
         count_forward()
         self._tracer = Tracer(self) if _compat.tracing_for_compile() else None
-        return super().__enter__()  # type: ignore[return-value]
+        return super().__enter__()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: _compat.Op,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if kwargs is None:
             kwargs = {}
         if self._pending:
@@ -122,7 +140,7 @@ class CachingMode(SacMode):
             return out
         return self._dispatch(func, op, args, kwargs)
 
-    def _dispatch(self, func: Any, op: OpInfo, args: tuple, kwargs: dict) -> Any:
+    def _dispatch(self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Every other op: views, in-place and ``out=`` ops, random ops, HOPs, keyed ops, and all ops while
         tracing."""
         kind = op.kind
@@ -140,6 +158,7 @@ class CachingMode(SacMode):
             self._log.append(func)
             return out
         rng = rng_before(op.random or kind >= HOP, args, kwargs)  # a HOP may draw random numbers inside
+        key: keys.Key
         if kind == PLAIN:
             before = None
             out = op.call(*args, **kwargs)
@@ -155,7 +174,10 @@ class CachingMode(SacMode):
                 record.wrote(writes.unversioned_writes(func, args, kwargs))
         log = self._log
         if self._save_ids is not None:
-            save = id(func) in self._save_ids or (kind == KEYED and keys.region_of(func, args) in self._save_ops)
+            save_ops = self._save_ops
+            save = id(func) in self._save_ids or (
+                kind == KEYED and save_ops is not None and keys.region_of(func, args) in save_ops
+            )
             offload = False
             save = save or op.ordered
         else:
@@ -170,7 +192,9 @@ class CachingMode(SacMode):
         log.append(key)
         return out
 
-    def _track_op(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any) -> None:
+    def _track_op(
+        self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> None:
         """Tell the record what an op did to storages its saved entries hold."""
         record = self.record
         if op.hidden_alias:  # shares its input's storage but not its version counter
@@ -182,7 +206,9 @@ class CachingMode(SacMode):
         elif op.writes:
             record.wrote([t for _, t in writes.expand(args, kwargs, op.writes)])
 
-    def ask(self, key: Any, args: tuple, kwargs: dict, out: Any, call_index: int) -> CheckpointPolicy:
+    def ask(
+        self, key: keys.PolicyOp, args: tuple[Any, ...], kwargs: dict[str, Any], out: object, call_index: int
+    ) -> CheckpointPolicy:
         """The policy's answer about ``key`` (an op, or a ``Region`` with ``out`` None), as a decision."""
         ctx = self._ctx
         ctx.op_output = out
@@ -194,7 +220,9 @@ class CachingMode(SacMode):
             self._policy_error = error
             raise
 
-    def decide(self, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
+    def decide(
+        self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: object, call_index: int
+    ) -> CheckpointPolicy:
         """The answer for one op call; ordered side effects are saved unless the policy demands recompute (they
         must not run twice)."""
         policy = self.ask(func, args, kwargs, out, call_index)
@@ -203,7 +231,14 @@ class CachingMode(SacMode):
         return policy
 
     def _save(
-        self, key: Any, func: Any, op: OpInfo, args: tuple, kwargs: dict, out: Any, before: list | None
+        self,
+        key: keys.Key,
+        func: _compat.Op,
+        op: OpInfo,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: object,
+        before: list[tuple[Tensor, int]] | None,
     ) -> Saved | None:
         entry = Saved(key)
         if before is None and type(out) is Tensor and not op.writes:
@@ -211,11 +246,11 @@ class CachingMode(SacMode):
         else:
             written = writes.writes_of(func, args, kwargs, out, before, op.writes)
             if written is None:
-                warn_once("unseen-writes", key, unseen_writes(key))
+                warn_once("unseen-writes", key, messages.unseen_writes(op_name(key)))
                 return None
             for _, t in written:
                 if _compat.has_internal_overlap(t):
-                    warn_once("overlap", key, overlapping_write(key))
+                    warn_once("overlap", key, messages.overlapping_write(op_name(key)))
                     return None
             entry.keep(out, written)
         self.record.track(entry)
@@ -232,7 +267,14 @@ class CachingMode(SacMode):
         if self._pending:
             self._flush()  # versions read now let in-place writes in the unrecorded code show
 
-    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+    def region(
+        self,
+        key: keys.Region,
+        run: Callable[..., Any],
+        run_kept: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         """A region is decided before it runs (``ctx.op_output`` is None); ``sac2.region_record`` records it."""
         if self._pending:
             self._flush()
@@ -243,7 +285,9 @@ class CachingMode(SacMode):
             save, offload = policy in SAVING, policy in OFFLOADING
         return record_region(self.record, key, save, offload, run, run_kept, args, kwargs)
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self._ctx.op_output = None  # policies may keep ctx as a per-forward key; it must not keep a tensor alive
         record = self.record
         try:
@@ -271,7 +315,7 @@ class ReplayMode(SacMode):
         self._stop: Callable[[], BaseException] | None = None
         self._bumped: list[tuple[Tensor, int]] = []  # tensors a replayed in-place view op bumped, with their version
 
-    def __enter__(self) -> ReplayMode:
+    def __enter__(self) -> Self:
         self._cursor = 0  # each recompute (one per backward, more with retain_graph) replays from the start
         self._stop = None
         self._bumped = []
@@ -298,7 +342,13 @@ class ReplayMode(SacMode):
             self._stop = stop
         return writer
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: _compat.Op,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if kwargs is None:
             kwargs = {}
         op = TABLE.get(id(func)) or info(func)
@@ -315,17 +365,14 @@ class ReplayMode(SacMode):
             # it) watch for modifications after the forward. The forward's run of it is counted there already:
             # the replay's is undone at the next op.
             self._bumped.append((args[0], _version(args[0])))
-        key = func if kind != KEYED else keys.op_key(func, args)
+        key: keys.Key = func if kind != KEYED else keys.op_key(func, args)
         i = self._cursor
         try:
             entry = self._log[i]
         except IndexError:
             if func is _CAST:
                 return op.call(*args, **kwargs)  # a cast autocast's cache spared the forward (see _realign)
-            raise RuntimeError(
-                f"sac2: recompute ran {op_name(key)} as op {i} of the region, but the forward ran only "
-                f"{len(self._log)} ops. {_DIVERGED}"
-            ) from None
+            raise RuntimeError(messages.recompute_ran_past_forward(op_name(key), i, len(self._log))) from None
         self._cursor = i + 1
         if entry is key:
             return op.call(*args, **kwargs)
@@ -337,7 +384,9 @@ class ReplayMode(SacMode):
         _compat.set_versions(self._bumped)
         self._bumped = []
 
-    def _finish(self, func: Any, op: OpInfo, types: Any, args: tuple, kwargs: dict) -> Any:
+    def _finish(
+        self, func: _compat.Op, op: OpInfo, types: tuple[type, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """Run (or serve) the op early stop waits for, then stop. A random op's draws do not leak: torch's frame
         would have stopped before it drew."""
         stop, self._stop = self._stop, None
@@ -348,7 +397,9 @@ class ReplayMode(SacMode):
         assert stop is not None
         raise stop()
 
-    def _realign(self, i: int, func: Any, op: OpInfo, key: Any, args: tuple, kwargs: dict) -> Any:
+    def _realign(
+        self, i: int, func: _compat.Op, op: OpInfo, key: keys.Key, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """Autocast caches the casts of leaf tensors within an autocast block (and recompute in backward may find
         them cached), so forward and recompute may run a different number of ``_to_copy`` casts: an extra cast in
         recompute runs unrecorded, and casts forward ran that recompute skips are passed over (their outputs are
@@ -360,33 +411,38 @@ class ReplayMode(SacMode):
         while j < len(log) and self.record.key_at(j) is _CAST:
             j += 1
         entry = log[j] if j < len(log) else None
-        if j > i and (entry is key or (type(entry) is Saved and entry.key is key)):
+        if j > i and entry is key:
             self._cursor = j + 1
-            return op.call(*args, **kwargs) if entry is key else self._serve(entry, j, func, args, kwargs)
-        raise RuntimeError(
-            f"sac2: recompute diverged from forward at op {i} of the region: forward ran "
-            f"{self.record.describe(i)}, recompute ran {op_name(key)}. {diverged(self.record.key_at(i))}"
-        )
+            return op.call(*args, **kwargs)
+        if j > i and type(entry) is Saved and entry.key is key:
+            self._cursor = j + 1
+            return self._serve(entry, j, func, args, kwargs)
+        advice = messages.diverged(op_name(self.record.key_at(i)))
+        raise RuntimeError(messages.recompute_diverged(i, self.record.describe(i), op_name(key), advice))
 
-    def _serve(self, entry: Saved, i: int, func: Any, args: tuple, kwargs: dict) -> Any:
+    def _serve(self, entry: Saved, i: int, func: _compat.Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if entry.modified():
             if not self.allow_cache_entry_mutation:
-                raise RuntimeError(
-                    f"sac2: the output of {self.record.describe(i)} that selective checkpointing saved was "
-                    f"modified in place after the checkpointed forward ended, so serving it would give wrong "
-                    f"gradients. Don't modify the region's outputs in place, have the policy recompute this op, "
-                    f"or pass allow_cache_entry_mutation=True to recompute it in backward."
-                )
+                raise RuntimeError(messages.saved_output_modified(self.record.describe(i)))
             return func(*args, **kwargs)
         return self.record.serve(i, args, kwargs)  # below autograd here: restoring records nothing
 
-    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+    def region(
+        self,
+        key: keys.Region,
+        run: Callable[..., Any],
+        run_kept: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         """Serve what forward saved, else run the region (its one run in backward)."""
         i = self._cursor
         self._cursor = i + 1
         return replay_region(self.record, i, key, run, run_kept, args, kwargs)
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._bumped:
             self._unbump()
         cursor, n = self._cursor, len(self._log)
@@ -395,7 +451,4 @@ class ReplayMode(SacMode):
         self.record.end_recompute()
         super().__exit__(exc_type, exc, tb)
         if exc_type is None and cursor != n:
-            raise RuntimeError(
-                f"sac2: recompute ended after {cursor} ops, but the forward ran {n}; the first op missing is "
-                f"{self.record.describe(cursor)}. {_DIVERGED}"
-            )
+            raise RuntimeError(messages.recompute_ended_early(cursor, n, self.record.describe(cursor)))

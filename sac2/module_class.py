@@ -25,20 +25,25 @@ def register_kind(kind: str, forward: Callable[..., Any]) -> None:
 
 
 def _subclass(cls: type, kind: str) -> type:
-    new = _classes.get((cls, kind))
-    if new is None:
-        wrap = _kinds[kind]
+    found = _classes.get((cls, kind))
+    if found is not None:
+        return found
+    wrap = _kinds[kind]
+    new: type  # made below, before any call of forward
 
-        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return wrap(self, super(new, self).forward, *args, **kwargs)
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # mypy cannot follow super() of a class made at run time.
+        return wrap(self, super(new, self).forward, *args, **kwargs)  # type: ignore[arg-type]
 
-        def __reduce_ex__(self: nn.Module, protocol: int) -> tuple:
-            return _new_instance, (cls, kind), self.__dict__
+    def __reduce_ex__(
+        self: nn.Module, protocol: int
+    ) -> tuple[Callable[[type, str], nn.Module], tuple[type, str], dict[str, Any]]:
+        return _new_instance, (cls, kind), self.__dict__
 
-        body = {"forward": forward, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__}
-        new = type(f"{kind}{cls.__name__}", (cls,), body)
-        new.__qualname__ = f"{kind}{cls.__qualname__}"
-        _classes[(cls, kind)] = new
+    body = {"forward": forward, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__}
+    new = type(f"{kind}{cls.__name__}", (cls,), body)
+    new.__qualname__ = f"{kind}{cls.__qualname__}"
+    _classes[(cls, kind)] = new
     return new
 
 

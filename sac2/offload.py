@@ -16,11 +16,13 @@ from typing import Any, Iterable
 import torch
 
 from sac2._compat import tree_leaves, tree_map
+from sac2.writes import Path
 
 __all__ = ["Offloaded", "cuda_device", "to_host", "to_device", "wait"]
 
 Tensor = torch.Tensor
-Written = tuple[tuple[tuple, Any], ...]
+#: (path, tensor) per argument a call wrote (``sac2.writes.Path``); on the host, the tensor's pinned copy.
+Written = tuple[tuple[Path, Any], ...]
 _streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -66,7 +68,7 @@ def to_host(out: Any, written: Written, device: torch.device) -> Offloaded:
     side = _side_stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
 
-    def host(x: Any) -> Any:
+    def host(x: object) -> object:
         if not (isinstance(x, Tensor) and x.is_cuda):
             return x
         h = torch.empty_like(x, device="cpu", pin_memory=True)
@@ -84,7 +86,7 @@ def to_device(off: Offloaded) -> tuple[Any, Written]:
     side = _side_stream(off.device)
     side.wait_stream(torch.cuda.current_stream(off.device))
 
-    def back(x: Any) -> Any:
+    def back(x: object) -> object:
         return x.tensor.to(off.device, non_blocking=True) if type(x) is _Host else x
 
     with torch.cuda.stream(side), torch.no_grad():
@@ -98,11 +100,12 @@ def to_device(off: Offloaded) -> tuple[Any, Written]:
 def wait(off: Offloaded, out: Any, written: Written) -> None:
     """Make the compute stream wait for the copy back, and tell the allocator that stream now uses the tensors."""
     compute = torch.cuda.current_stream(off.device)
+    assert off.event is not None, "to_device started the copy back"
     compute.wait_event(off.event)
     for t in [*tree_leaves(out), *(t for _, t in written)]:
         if isinstance(t, Tensor) and t.is_cuda:
             t.record_stream(compute)
 
 
-def _is_host(x: Any) -> bool:
+def _is_host(x: object) -> bool:
     return type(x) is _Host

@@ -29,7 +29,7 @@ class OpInfo:
 
     __slots__ = ("op", "kind", "writes", "random", "ordered", "call", "hidden_alias", "plain")
 
-    def __init__(self, op: Any) -> None:
+    def __init__(self, op: _compat.Op) -> None:
         self.op = op
         self.writes: tuple[Path, ...] = schema_writes(op) if isinstance(op, _compat.OpOverload) else ()
         self.random = isinstance(op, _compat.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
@@ -44,7 +44,7 @@ class OpInfo:
         self.plain = self.kind == PLAIN and not (self.writes or self.random or self.ordered or self.hidden_alias)
 
 
-def _kind(op: Any, entry: OpInfo) -> int:
+def _kind(op: _compat.Op, entry: OpInfo) -> int:
     if op in _compat.IGNORED_OPS:
         return IGNORE
     if op in KEYED_OPS:
@@ -60,7 +60,7 @@ def _kind(op: Any, entry: OpInfo) -> int:
     return PLAIN
 
 
-def _metadata_only(op: Any, entry: OpInfo) -> bool:
+def _metadata_only(op: _compat.OpOverload, entry: OpInfo) -> bool:
     """No tensor out, nothing written, no data read into the result, no randomness and no side effect.
 
     Such ops (``prim.layout``, ``sym_size``, ``is_same_size``...) run a different number of times in forward and
@@ -79,7 +79,7 @@ def _metadata_only(op: Any, entry: OpInfo) -> bool:
 TABLE: dict[int, OpInfo] = {}
 
 
-def info(op: Any) -> OpInfo:
+def info(op: _compat.Op) -> OpInfo:
     """The table entry of ``op``, built on first sight."""
     hit = TABLE.get(id(op))
     if hit is None:

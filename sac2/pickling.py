@@ -9,18 +9,18 @@ loading process must have the op registered (import the module defining a custom
 from __future__ import annotations
 
 import copyreg
-from typing import Any
+from typing import Callable, Iterable
 
-from sac2._compat.ops import HigherOrderOperator, OpOverload, op_at_path, op_path
+from sac2._compat.ops import HigherOrderOperator, Op, OpOverload, op_at_path, op_path
 
 __all__ = ["register_op_pickling"]
 
 
-def _reduce_op(op: Any) -> tuple:
+def _reduce_op(op: Op) -> tuple[Callable[[str], Op], tuple[str]]:
     return op_at_path, (op_path(op),)
 
 
-def register_op_pickling(ops: Any) -> None:
+def register_op_pickling(ops: Iterable[object]) -> None:
     """Register the reducer for the type of each op among ``ops`` (tuple keys are looked into). pickle finds a
     reducer by exact type, and each HOP has a class of its own: one defined after sac2's import needs this."""
     for item in ops:
@@ -30,7 +30,11 @@ def register_op_pickling(ops: Any) -> None:
 
 
 def _subclasses(cls: type) -> list[type]:
-    return [cls, *(s for sub in cls.__subclasses__() for s in _subclasses(sub))]
+    found = [cls]
+    subclasses: list[type] = cls.__subclasses__()
+    for sub in subclasses:
+        found += _subclasses(sub)
+    return found
 
 
 for _cls in _subclasses(OpOverload) + _subclasses(HigherOrderOperator):

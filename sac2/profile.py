@@ -19,12 +19,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, keys
+from sac2 import _compat, keys, messages
 from sac2._compat import TorchDispatchMode, tree_leaves
-from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, as_policy, is_save, op_name
+from sac2.answers import CheckpointPolicy, Policy, PolicyFn, SelectiveCheckpointContext, as_policy, is_save, op_name
 from sac2.checkpointing import checkpoint
 from sac2.modes import CachingMode, ReplayMode
-from sac2.opinfo import IGNORE, VIEW, info
+from sac2.opinfo import IGNORE, VIEW, OpInfo, info
 from sac2.record import Record, Saved
 from sac2.region_record import record_region
 
@@ -47,7 +47,7 @@ class OpCall:
     ``saved``: whether the forward kept it.
     """
 
-    key: Any
+    key: keys.Key
     index: int
     name: str
     storages: tuple[int, ...]
@@ -66,7 +66,7 @@ class Profile:
     calls: list[OpCall]
     storage_bytes: list[int]
     cost_unit: str  # "s" (measured) or "flop" (estimated)
-    policy: Any = field(default=None, repr=False)
+    policy: Policy | None = field(default=None, repr=False)
 
     @property
     def total_bytes(self) -> int:
@@ -89,17 +89,19 @@ class Profile:
         return [i for i, c in enumerate(self.calls) if c.saved]
 
 
-def as_inputs(example_inputs: Any) -> tuple:
+def as_inputs(example_inputs: Any) -> tuple[Any, ...]:
     """``example_inputs`` as a tuple of arguments: one tensor (or any non-sequence) is one argument."""
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def _save_everything(ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+def _save_everything(
+    ctx: SelectiveCheckpointContext, op: keys.PolicyOp, *args: Any, **kwargs: Any
+) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE
 
 
 def profile(
-    fn: Callable[..., Any], example_inputs: Any, cost: str | None = None, policy: Any = None
+    fn: Callable[..., Any], example_inputs: Any, cost: str | None = None, policy: Policy | None = None
 ) -> Profile:
     """Run ``fn(*example_inputs)`` once under sac2's forward mode and profile each recorded op call.
 
@@ -112,7 +114,7 @@ def profile(
     if cost is None:
         cost = "flops" if any(_unmeasurable(t) for t in tree_leaves(inputs) if isinstance(t, Tensor)) else "time"
     if cost not in ("time", "flops"):
-        raise ValueError(f"sac2.profile: cost must be 'time' or 'flops', got {cost!r}.")
+        raise ValueError(messages.profile_bad_cost(cost))
     counter = _FlopCount() if cost == "flops" else _TimeCount(inputs)
     record = Record()
     mode = _Profiling(as_policy(policy) if policy is not None else _save_everything, record, counter)
@@ -137,7 +139,7 @@ class _Profiling(CachingMode):
     what the policy answered for each, the cost of each recorded call, and which storages the forward allocated
     (those an op reads before any op of the forward made them came from outside)."""
 
-    def __init__(self, policy: Any, record: Record, counter: Any) -> None:
+    def __init__(self, policy: PolicyFn, record: Record, counter: _FlopCount | _TimeCount) -> None:
         super().__init__(policy, record)
         self._save_ops = self._save_ids = None  # ask the policy about every call (a save list too)
         self.answers: dict[int, CheckpointPolicy] = {}
@@ -147,11 +149,19 @@ class _Profiling(CachingMode):
         self.made: set[int] = set()
         self.counter = counter
 
-    def decide(self, func: Any, op: Any, args: tuple, kwargs: dict, out: Any, call_index: int) -> Any:
+    def decide(
+        self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: object, call_index: int
+    ) -> CheckpointPolicy:
         self.answers[len(self._log)] = super().decide(func, op, args, kwargs, out, call_index)
         return CheckpointPolicy.MUST_SAVE
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(
+        self,
+        func: _compat.Op,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         n, start = len(self._log), self.counter.total
         if info(func).kind != IGNORE:  # detach and metadata queries read no data (sac2's own keep() detaches)
             self._note_inputs(args, kwargs)
@@ -161,13 +171,21 @@ class _Profiling(CachingMode):
         self._note_outputs(out)
         return out
 
-    def region(self, key: keys.Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+    def region(
+        self,
+        key: keys.Region,
+        run: Callable[..., Any],
+        run_kept: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         if self._pending:
             self._flush()
         n, start = len(self._log), self.counter.total
         self._note_inputs(args, kwargs)
         self.answers[n] = self.ask(key, args, kwargs, None, n)
-        state = self.region_state[n] = []
+        state: list[Tensor] = []
+        self.region_state[n] = state
 
         def note(t: Tensor) -> Tensor:
             state.append(t)
@@ -182,23 +200,30 @@ class _Profiling(CachingMode):
         self._note_outputs(out)
         return out
 
-    def _note_inputs(self, args: tuple, kwargs: dict) -> None:
+    def _note_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
         for t in tree_leaves((args, kwargs)):
             if isinstance(t, Tensor) and _storage_key(t) not in self.made:
                 self.outside.add(_storage_key(t))
 
-    def _note_outputs(self, out: Any) -> None:
+    def _note_outputs(self, out: object) -> None:
         for t in tree_leaves(out):
             if isinstance(t, Tensor) and _storage_key(t) not in self.outside:
                 self.made.add(_storage_key(t))
 
 
-def _read(mode: _Profiling, record: Record, inputs: tuple, fn: Any, unit: str, policy: Any) -> Profile:
+def _read(
+    mode: _Profiling,
+    record: Record,
+    inputs: tuple[Any, ...],
+    fn: Callable[..., Any],
+    unit: str,
+    policy: Policy | None,
+) -> Profile:
     """The profile of a finished forward, from its record."""
     outside = mode.outside | _outside_storages(fn, inputs)
     storage_ids: dict[int, int] = {}
     storage_bytes: list[int] = []
-    counts: dict[Any, int] = {}
+    counts: dict[keys.Key, int] = {}
     calls = []
     for i, entry in enumerate(record.log):
         key = record.key_at(i)
@@ -206,11 +231,12 @@ def _read(mode: _Profiling, record: Record, inputs: tuple, fn: Any, unit: str, p
         counts[key] = index + 1
         view = info(key).kind == VIEW if isinstance(key, _compat.OpOverload) else False
         answer = mode.answers.get(i)
-        keepable = type(entry) is Saved and not entry.unseen_writes
+        kept = entry if type(entry) is Saved and not entry.unseen_writes else None
+        keepable = kept is not None
         storages: list[int] = []
         outputs: list[int] = []
-        if keepable:
-            for t in (*entry.tensors, *mode.region_state.get(i, ())):
+        if kept is not None:
+            for t in (*kept.tensors, *mode.region_state.get(i, ())):
                 k = _storage_key(t)
                 if k in outside:
                     continue
@@ -220,7 +246,7 @@ def _read(mode: _Profiling, record: Record, inputs: tuple, fn: Any, unit: str, p
                     storage_bytes.append(t.untyped_storage().nbytes())
                 if s not in storages:
                     storages.append(s)
-            outputs = [storage_ids[_storage_key(t)] for t in entry.tensors if _storage_key(t) not in outside]
+            outputs = [storage_ids[_storage_key(t)] for t in kept.tensors if _storage_key(t) not in outside]
         asked = answer is not None and is_save(answer) and not view
         calls.append(OpCall(key, index, op_name(key), tuple(storages), mode.costs.get(i, 0.0), view,
                             asked and not keepable, answer if policy is not None else None, asked and keepable,
@@ -232,7 +258,7 @@ def _identity(t: Tensor) -> Tensor:
     return t
 
 
-def _outside_storages(fn: Any, inputs: tuple) -> set[int]:
+def _outside_storages(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> set[int]:
     """Storages that exist before the forward: the inputs', and a module's parameters' and buffers'."""
     found = {_storage_key(t) for t in tree_leaves(inputs) if isinstance(t, Tensor)}
     if isinstance(fn, torch.nn.Module):
@@ -250,7 +276,13 @@ class _FlopCount(TorchDispatchMode):
         super().__init__()
         self.total = 0.0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: _compat.Op,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not (isinstance(func, _compat.OpOverload) and (func.is_view or info(func).kind == IGNORE)):
@@ -265,12 +297,18 @@ class _TimeCount(TorchDispatchMode):
 
     supports_higher_order_operators = True
 
-    def __init__(self, inputs: tuple) -> None:
+    def __init__(self, inputs: tuple[Any, ...]) -> None:
         super().__init__()
         self.total = 0.0
         self.devices = {t.device for t in tree_leaves(inputs) if isinstance(t, Tensor) and t.device.type != "cpu"}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: _compat.Op,
+        types: tuple[type, ...],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         for d in self.devices:
             torch.accelerator.synchronize(d)
         start = time.perf_counter()
@@ -282,16 +320,16 @@ class _TimeCount(TorchDispatchMode):
 
 
 #: torch's FLOP counter knows flash attention on CUDA but not the CPU kernel, which takes the same q, k, v first.
-_SAME_FLOPS_AS = {
+_SAME_FLOPS_AS: dict[_compat.OpOverloadPacket | _compat.HigherOrderOperator, _compat.OpOverloadPacket] = {
     _compat.SDPA_FLASH_CPU: _compat.SDPA_FLASH,
 }
 
 
-def _numel(out: Any) -> int:
+def _numel(out: object) -> int:
     return sum(t.numel() for t in tree_leaves(out) if isinstance(t, Tensor))
 
 
-def activation_memory(fn: Callable[..., Any], example_inputs: Any, policy: Any) -> int:
+def activation_memory(fn: Callable[..., Any], example_inputs: Any, policy: Policy) -> int:
     """Bytes kept for backward when ``fn(*example_inputs)`` runs under ``sac2.checkpoint`` with ``policy``.
 
     Counts unique storages of what the checkpoint's record saves plus what autograd saves outside the

@@ -15,20 +15,21 @@ alias (an in-place view op, replayed) is not such a write.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable, final
 
 import torch
 
-from sac2 import _compat, offload, writes
+from sac2 import _compat, messages, offload, writes
 from sac2._compat import tree_map
 from sac2.answers import op_name
-from sac2.notices import stale_in_forward, warn_once
+from sac2.keys import Key
+from sac2.notices import warn_once
 
 __all__ = ["Saved", "Record", "rng_before", "rng_moved", "GeneratorState"]
 
 Tensor = torch.Tensor
 Written = tuple[tuple[writes.Path, Tensor], ...]
-Hooks = tuple[Callable[[Tensor], Any], Callable[[Any], Tensor]]
+Hooks = _compat.HookPair
 _detach = _compat.detach_keeping_version
 
 #: (generator, state before the op, state after it): serving moves the generator only from before to after.
@@ -52,10 +53,11 @@ class _Packed:
 
     __slots__ = ("value",)
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: object) -> None:
         self.value = value
 
 
+@final  # so that ``type(e) is Saved`` tells a record entry from a key both ways
 class Saved:
     """A saved op (or ``sac2.region`` call) in the record: what serving it in recompute needs.
 
@@ -73,7 +75,7 @@ class Saved:
         "hooks", "packed",
     )
 
-    def __init__(self, key: Any) -> None:
+    def __init__(self, key: Key) -> None:
         self.key = key
         self.out: Any = None
         # Tuples, not lists: a long region holds thousands of entries, and every container the garbage collector
@@ -84,10 +86,11 @@ class Saved:
         self.unseen_writes = False
         self.requires_grad: tuple[bool, ...] | None = None
         self.rng: GeneratorState | None = None
-        self.offload: Any = None
+        self.offload: offload.Offloaded | str | None = None  # str: PENDING
         self.stale = False
         self.hooks: Hooks | None = None
-        self.packed: Any = None
+        #: What the hooks hold: the outputs with ``_Packed`` for tensors, and (path, ``_Packed``) per write.
+        self.packed: tuple[Any, list[tuple[writes.Path, _Packed]]] | None = None
 
     # --- forward -----------------------------------------------------------------------------------------
     def keep_output(self, out: Tensor) -> None:
@@ -148,7 +151,7 @@ class Saved:
         """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served."""
         pack_hook = hooks[0]
 
-        def one(x: Any) -> Any:
+        def one(x: object) -> object:
             return _Packed(pack_hook(x)) if isinstance(x, Tensor) else x
 
         self.hooks = hooks
@@ -159,21 +162,22 @@ class Saved:
     # --- recompute -----------------------------------------------------------------------------------------
     def unpack(self) -> None:
         """Put what the hooks kept back into the entry (the packed form stays, for another backward)."""
-        assert self.hooks is not None
+        assert self.hooks is not None and self.packed is not None
         unpack_hook = self.hooks[1]
 
-        def one(x: Any) -> Any:
+        def one(x: object) -> object:
             return unpack_hook(x.value) if type(x) is _Packed else x
 
         out, written = self.packed
         self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
-        self.writes = tuple([(p, one(t)) for p, t in written])
+        self.writes = tuple([(p, unpack_hook(t.value)) for p, t in written])
 
     def prefetch(self) -> None:
         """Start copying an offloaded entry back to its device."""
+        assert isinstance(self.offload, offload.Offloaded), "only entries moved to the host are prefetched"
         self.out, self.writes = offload.to_device(self.offload)
 
-    def restore(self, args: tuple, kwargs: dict) -> None:
+    def restore(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Serving: leave the generator and the written arguments as running the op would have.
 
         The generator moves only when recompute is replaying forward's random stream (``preserve_rng_state``):
@@ -191,7 +195,7 @@ class Saved:
                 _resize_like(target, saved)  # an out= op resized its output: do as it did, layout included
             target.copy_(saved)
 
-    def serve(self, args: tuple, kwargs: dict) -> Any:
+    def serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Fresh aliases of the saved outputs (autograd attaches history to what a mode returns), the replayed
         arguments in place of ``_ArgRef``s, and, for regions, the outputs' requires_grad as in forward."""
         out = self.out
@@ -203,7 +207,7 @@ class Saved:
                 t.requires_grad_(requires_grad)
         return result
 
-    def hand_over(self, args: tuple, kwargs: dict) -> Any:
+    def hand_over(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Serve for the last time: a single output tensor is handed over as it is (no fresh alias)."""
         out = self.out
         return out if type(out) is Tensor and self.requires_grad is None else self.serve(args, kwargs)
@@ -233,9 +237,10 @@ class Record:
     __slots__ = ("log", "saved_at", "by_storage", "packed", "offloaded", "served")
 
     def __init__(self) -> None:
-        self.log: list[Any] = []
+        self.log: list[Saved | Key] = []
         self.saved_at: list[int] = []
-        self.by_storage: dict[int, Saved | list[Saved]] = {}
+        # Keyed by storage id; looked up with None too (a wrapper subclass's storage), which is never stored.
+        self.by_storage: dict[int | None, Saved | list[Saved]] = {}
         self.packed = False  # some entries are held by the user's saved-tensor hooks
         self.offloaded: list[Saved] = []  # entries answered CPU_OFFLOAD
         self.served: list[Saved] = []  # entries this recompute served and keeps for another
@@ -255,7 +260,7 @@ class Record:
             self.offloaded.append(entry)
         self.log.append(entry)
 
-    def key_at(self, i: int) -> Any:
+    def key_at(self, i: int) -> Key:
         e = self.log[i]
         return e.key if type(e) is Saved else e
 
@@ -307,8 +312,10 @@ class Record:
         kept = []
         for i in self.saved_at:
             entry = self.log[i]
+            assert type(entry) is Saved, "saved_at lists saved entries"
             if entry.modified():
-                warn_once("modified-in-forward", entry.key, stale_in_forward(self.describe(i), bool(entry.writes)))
+                stale = messages.stale_in_forward(self.describe(i), bool(entry.writes))
+                warn_once("modified-in-forward", entry.key, stale)
                 entry.stale = True
                 self.log[i] = entry.key
             else:
@@ -334,12 +341,13 @@ class Record:
                 if type(e) is Saved and e.hooks is not None:
                     e.unpack()
 
-    def serve(self, i: int, args: tuple, kwargs: dict) -> Any:
+    def serve(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Serve the entry at position ``i``: restore what it wrote and moved, return its outputs. While the
         backward keeps its graph another recompute serves it again; otherwise the record forgets it, so its memory
         goes with the backward's own references. A region is never forgotten: run again in a later recompute (a
         backward through another output), it would save for backward what the forward kept for it."""
         entry = self.log[i]
+        assert type(entry) is Saved, "the modes serve saved entries"
         entry.restore(args, kwargs)
         if entry.requires_grad is not None or _compat.backward_keeps_graph():
             out = entry.serve(args, kwargs)
@@ -357,11 +365,13 @@ class Record:
         self.served = []
 
 
-def rng_before(info_random: bool, args: tuple, kwargs: dict) -> tuple[torch.Generator, Tensor] | None:
+def rng_before(
+    info_random: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[torch.Generator, Tensor] | None:
     """The generator a random op or HOP is about to draw from, and its state now (None for ops that draw nothing)."""
     if not info_random:
         return None
-    gen = kwargs.get("generator") or _compat.default_generator(_device_of(args, kwargs))
+    gen: torch.Generator = kwargs.get("generator") or _compat.default_generator(_device_of(args, kwargs))
     return gen, gen.get_state()
 
 
@@ -375,7 +385,7 @@ def rng_moved(before: tuple[torch.Generator, Tensor] | None) -> GeneratorState |
     return None if torch.equal(after, state) else (gen, state, after)
 
 
-def _device_of(args: tuple, kwargs: dict) -> torch.device:
+def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
     for x in args:
         if isinstance(x, Tensor):
             return x.device
@@ -386,7 +396,7 @@ def _device_of(args: tuple, kwargs: dict) -> torch.device:
 def _detached(out: Any, written: dict[int, writes.Path], tensors: list[Tensor]) -> Any:
     """``out`` with tensors detached (collected into ``tensors``) and written arguments as ``_ArgRef``s."""
 
-    def one(x: Any) -> Any:
+    def one(x: object) -> object:
         if not isinstance(x, Tensor):
             return x
         path = written.get(id(x))
@@ -403,8 +413,8 @@ def _detached(out: Any, written: dict[int, writes.Path], tensors: list[Tensor]) 
     return tree_map(one, out)
 
 
-def _served(out: Any, args: tuple, kwargs: dict) -> Any:
-    def one(x: Any) -> Any:
+def _served(out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def one(x: object) -> object:
         if type(x) is _ArgRef:
             return writes.locate(args, kwargs, x.path)
         return _detach(x) if isinstance(x, Tensor) else x

@@ -14,15 +14,19 @@ then checked per region: the sequence of regions, their outputs' versions, what 
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from sac2 import _compat, writes
-from sac2.answers import SaveList
-from sac2.keys import Region
-from sac2.notices import DIVERGED, count_forward, unseen_writes, warn_once
+from sac2 import _compat, messages, writes
+from sac2.answers import SaveList, op_name
+from sac2.keys import PolicyOp, Region
+from sac2.notices import count_forward, warn_once
 from sac2.record import Record, Saved, rng_before, rng_moved
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["record_region", "replay_region", "RegionForward", "RegionReplay", "region_only", "active"]
 
@@ -30,7 +34,14 @@ Tensor = torch.Tensor
 
 
 def record_region(
-    record: Record, key: Region, save: bool, offload: bool, run: Callable, run_kept: Callable, args: tuple, kwargs: dict
+    record: Record,
+    key: Region,
+    save: bool,
+    offload: bool,
+    run: Callable[..., Any],
+    run_kept: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     """Run a region call in forward and append its entry to ``record``: its key, or a ``Saved`` entry."""
     if not save:
@@ -47,13 +58,19 @@ def record_region(
     with _compat.no_modes():
         entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
     if written is None:
-        warn_once("unseen-writes", key, unseen_writes(key))
+        warn_once("unseen-writes", key, messages.unseen_writes(op_name(key)))
     record.add_region(entry, offload)
     return out
 
 
 def replay_region(
-    record: Record, i: int, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict
+    record: Record,
+    i: int,
+    key: Region,
+    run: Callable[..., Any],
+    run_kept: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> Any:
     """The region call at position ``i`` of recompute: serve what forward saved, else run it."""
     log = record.log
@@ -62,20 +79,11 @@ def replay_region(
         return run(*args, **kwargs)
     if type(entry) is not Saved or entry.key is not key:
         ran = record.describe(i) if entry is not None else f"only {len(log)} ops"
-        raise RuntimeError(
-            f"sac2: recompute diverged from forward at op {i} of the region: forward ran {ran}, recompute ran "
-            f"region {key.name!r}. {DIVERGED}"
-        )
+        raise RuntimeError(messages.region_diverged(i, ran, key.name))
     if entry.unseen_writes:
         return run_kept(*args, **kwargs)  # forward kept its backward state: the checkpoint expects none
     if entry.modified():
-        warn_once(
-            "modified-after-region",
-            key,
-            f"sac2: the policy saves {record.describe(i)}, but a tensor it returned or wrote was modified in "
-            f"place after it ran, so the saved value is stale; sac2 runs the region again in backward instead. "
-            f"Have the policy recompute it to silence this warning.",
-        )
+        warn_once("modified-after-region", key, messages.stale_after_region(record.describe(i)))
         return run_kept(*args, **kwargs)
     with torch.no_grad(), _compat.no_modes():  # a region runs above autograd and the modes
         return record.serve(i, args, kwargs)
@@ -84,9 +92,9 @@ def replay_region(
 _local = threading.local()
 
 
-def active() -> Any:
+def active() -> RegionForward | RegionReplay | None:
     """The innermost dispatch-free context of this thread, or None."""
-    stack = getattr(_local, "stack", None)
+    stack: list[RegionForward | RegionReplay] | None = getattr(_local, "stack", None)
     return stack[-1] if stack else None
 
 
@@ -96,36 +104,47 @@ class _Context:
     def __init__(self, record: Record) -> None:
         self.record = record
 
-    def __enter__(self) -> _Context:
-        stack = getattr(_local, "stack", None)
+    def __enter__(self) -> Self:
+        stack: list[_Context] | None = getattr(_local, "stack", None)
         if stack is None:
             stack = _local.stack = []
         stack.append(self)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         _local.stack.remove(self)
 
 
 class RegionForward(_Context):
     """Forward of a region-only policy: regions ask ``saves`` and are recorded; nothing else is intercepted."""
 
-    def __init__(self, saves: frozenset, record: Record) -> None:
+    def __init__(self, saves: frozenset[PolicyOp], record: Record) -> None:
         super().__init__(record)
         self.saves = saves
         #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
-        self.saved_tensors_hooks: tuple[Callable, Callable] | None = None
+        self.saved_tensors_hooks: _compat.HookPair | None = None
 
-    def __enter__(self) -> RegionForward:
+    def __enter__(self) -> Self:
         count_forward()
-        return super().__enter__()  # type: ignore[return-value]
+        return super().__enter__()
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        super().__exit__(exc_type, *exc)
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        super().__exit__(exc_type, exc, tb)
         if exc_type is None:
             self.record.end_forward(self.saved_tensors_hooks)
 
-    def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+    def region(
+        self,
+        key: Region,
+        run: Callable[..., Any],
+        run_kept: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         return record_region(self.record, key, key in self.saves, False, run, run_kept, args, kwargs)
 
 
@@ -136,28 +155,34 @@ class RegionReplay(_Context):
         super().__init__(record)
         self._cursor = 0
 
-    def __enter__(self) -> RegionReplay:
+    def __enter__(self) -> Self:
         self._cursor = 0
         self.record.start_recompute()
-        return super().__enter__()  # type: ignore[return-value]
+        return super().__enter__()
 
-    def region(self, key: Region, run: Callable, run_kept: Callable, args: tuple, kwargs: dict) -> Any:
+    def region(
+        self,
+        key: Region,
+        run: Callable[..., Any],
+        run_kept: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         i = self._cursor
         self._cursor = i + 1
         return replay_region(self.record, i, key, run, run_kept, args, kwargs)
 
-    def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        super().__exit__(exc_type, *exc)
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        super().__exit__(exc_type, exc, tb)
         self.record.end_recompute()
         cursor, n = self._cursor, len(self.record.log)
         if exc_type is None and cursor < n:
-            raise RuntimeError(
-                f"sac2: recompute ended after {cursor} regions, but the forward ran {n}; the first one missing is "
-                f"{self.record.describe(cursor)}. {DIVERGED}"
-            )
+            raise RuntimeError(messages.regions_ended_early(cursor, n, self.record.describe(cursor)))
 
 
-def region_only(policy: Any) -> frozenset | None:
+def region_only(policy: object) -> frozenset[PolicyOp] | None:
     """The regions a policy saves if it can only ever save ``sac2.region`` calls, else None.
 
     That is a save list of ``sac2.Region``s while compiled code does not run as ``inductor_compiled_code``

@@ -28,12 +28,12 @@ def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _run(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     with compiled_region():
         return fn(*args, **kwargs)
 
 
-def _run_kept(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+def _run_kept(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # Hooks pushed inside the checkpoint take precedence: autograd keeps real tensors, not checkpoint placeholders.
     with torch.autograd.graph.saved_tensors_hooks(_identity, _identity), compiled_region():
         return fn(*args, **kwargs)
@@ -47,7 +47,7 @@ def region_key(name: str) -> Region:
     return _regions.setdefault(name, Region(name))
 
 
-def call_region(key: Region, fn: Callable, args: tuple, kwargs: dict) -> Any:
+def call_region(key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``fn(*args, **kwargs)`` as a region call: one op for the policy inside sac2 SAC, traced inside an annotation
     under torch.compile, a plain call elsewhere."""
     if torch.compiler.is_compiling():
@@ -66,7 +66,7 @@ def call_region(key: Region, fn: Callable, args: tuple, kwargs: dict) -> Any:
 def region(fn: F, *, name: str | None = None) -> F: ...
 @overload
 def region(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
-def region(fn: Callable | None = None, *, name: str | None = None) -> Any:
+def region(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
     """Make each call of ``fn`` one op for sac2's selective checkpointing, named ``name`` (``fn.__qualname__``).
 
     Use as ``@sac2.region``, ``@sac2.region(name="attn")`` or ``sac2.region(fn, name="attn")``. Inside sac2 SAC

@@ -15,7 +15,7 @@ import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from sac2.answers import OFFLOADING, SaveList, as_policy
+from sac2.answers import OFFLOADING, Policy, PolicyFn, SaveList, as_policy
 from sac2.keys import Region
 from sac2.policies.budget import solve_budget
 from sac2.profile import Profile, profile
@@ -99,7 +99,9 @@ class Report:
         _plot(self.curve, (self.kept_bytes, self.recompute_cost), self.cost_unit, path)
 
 
-def explain(fn_or_module: Callable[..., Any], example_inputs: Any, policy: Any, cost: str | None = None) -> Report:
+def explain(
+    fn_or_module: Callable[..., Any], example_inputs: Any, policy: Policy, cost: str | None = None
+) -> Report:
     """Run ``fn_or_module(*example_inputs)`` once under sac2's forward mode and report what ``policy`` keeps and
     recomputes per op: exactly what that forward's record holds. One tensor as ``example_inputs`` is one
     argument.
@@ -121,7 +123,7 @@ def plot_budgets(
     return curve
 
 
-def _report(prof: Profile, policy: Any) -> Report:
+def _report(prof: Profile, policy: PolicyFn) -> Report:
     served = prof.saved
     kept: set[int] = set()
     owner: dict[int, int] = {}  # kept storage -> the call whose saving first keeps it
@@ -194,7 +196,7 @@ def _decision(prof: Profile, calls: list[int]) -> str:
     return "recompute" if n == 0 else f"{kind} {n} of {len(calls)}"
 
 
-def _policy_name(policy: Any) -> str:
+def _policy_name(policy: object) -> str:
     if isinstance(policy, SaveList):
         return "save list"
     if isinstance(policy, (types.FunctionType, types.MethodType)):  # their repr holds an address

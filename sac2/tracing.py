@@ -9,12 +9,15 @@ one op for the policy: every node in it gets the answer for its ``Region``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sac2 import _compat, keys
 from sac2.answers import CheckpointPolicy
 from sac2.opinfo import IGNORE, OpInfo
 from sac2.record import Saved
+
+if TYPE_CHECKING:
+    from sac2.modes import CachingMode
 
 __all__ = ["Tracer"]
 
@@ -22,16 +25,16 @@ __all__ = ["Tracer"]
 class Tracer:
     """Traces the ops of one forward for its ``CachingMode``."""
 
-    def __init__(self, mode: Any) -> None:
+    def __init__(self, mode: CachingMode) -> None:
         self.mode = mode
         self._span: tuple[str, CheckpointPolicy] | None = None  # the traced-through region the last op was in
 
-    def op(self, func: Any, op: OpInfo, args: tuple, kwargs: dict) -> Any:
+    def op(self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         mode, log = self.mode, self.mode.record.log
         key = keys.replay_key(func, args)
         region = _compat.traced_region()
 
-        def policy_of(out: Any) -> CheckpointPolicy:
+        def policy_of(out: object) -> CheckpointPolicy:
             if op.kind == IGNORE:
                 return CheckpointPolicy.PREFER_RECOMPUTE
             if region is None:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from sac2 import _compat, module_class
+from sac2 import _compat, messages, module_class
 from sac2.checkpointing import checkpoint
 
 __all__ = [
@@ -61,8 +61,10 @@ class ActivationWrapper(nn.Module):
         except AttributeError:
             return getattr(self._checkpoint_wrapped_module, name)
 
-    def __getitem__(self, key: Any) -> Any:
-        return self._checkpoint_wrapped_module[key]
+    def __getitem__(self, key: object) -> Any:
+        # The wrapped module indexes if its class does (nn.Sequential, ModuleList, ModuleDict, the user's own):
+        # nn.Module's stubs declare no __getitem__.
+        return self._checkpoint_wrapped_module[key]  # type: ignore[index]
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
         """Parameter names as the unwrapped model has them (every ``_checkpoint_wrapped_module.`` removed)."""
@@ -70,7 +72,9 @@ class ActivationWrapper(nn.Module):
             yield name.replace(_PREFIX, ""), param
 
 
-def _strip_prefix(module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: Any) -> None:
+def _strip_prefix(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+) -> None:
     _replace_prefix(state_dict, prefix + _PREFIX, prefix)
 
 
@@ -104,10 +108,7 @@ class CheckpointWrapper(ActivationWrapper):
         self.checkpoint_impl = checkpoint_impl
         reentrant = checkpoint_fn is None and checkpoint_impl == CheckpointImpl.REENTRANT
         if reentrant and "context_fn" in checkpoint_fn_kwargs:
-            raise ValueError(
-                "sac2.checkpoint_wrapper: CheckpointImpl.REENTRANT recomputes the whole module and cannot apply "
-                "a selective policy (context_fn); use CheckpointImpl.NO_REENTRANT, the default."
-            )
+            raise ValueError(messages.WRAPPER_REENTRANT_WITH_POLICY)
         if checkpoint_fn is None:
             checkpoint_fn = functools.partial(checkpoint, use_reentrant=reentrant)
         self.checkpoint_fn = functools.partial(checkpoint_fn, **checkpoint_fn_kwargs)
@@ -121,7 +122,7 @@ class CheckpointWrapper(ActivationWrapper):
 
             def run(*flat: Any) -> Any:
                 n = len(flat) - len(names)
-                return module(*flat[:n], **dict(zip(names, flat[n:])))
+                return module(*flat[:n], **dict(zip(names, flat[n:], strict=True)))
 
             return self.checkpoint_fn(run, *args, *kwargs.values())
         _warn_if_nested(self._checkpoint_wrapped_module)
@@ -141,7 +142,7 @@ _compat.register_activation_wrapper(CheckpointWrapper, "CheckpointWrapper")
 _compat.register_activation_wrapper(OffloadWrapper, "OffloadWrapper")
 
 
-_warned_nested: weakref.WeakSet = weakref.WeakSet()
+_warned_nested: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def _warn_if_nested(module: nn.Module) -> None:
@@ -149,12 +150,7 @@ def _warn_if_nested(module: nn.Module) -> None:
     if module in _warned_nested or torch.compiler.is_compiling() or not _compat.in_checkpoint_forward():
         return
     _warned_nested.add(module)
-    warnings.warn(
-        f"sac2: this {type(module).__name__} is checkpointed inside the forward of another checkpoint, so backward "
-        f"recomputes it twice. Checkpoint it once: drop the outer checkpoint (in transformers, "
-        f"model.gradient_checkpointing_disable()) or the sac2 wrapper.",
-        stacklevel=3,
-    )
+    warnings.warn(messages.nested_checkpoint(module), stacklevel=3)
 
 
 def checkpoint_wrapper(
@@ -179,9 +175,9 @@ def offload_wrapper(module: nn.Module) -> nn.Module:
 
 def apply_activation_checkpointing(
     model: nn.Module,
-    checkpoint_wrapper_fn: Callable[[nn.Module], nn.Module] = checkpoint_wrapper,
+    checkpoint_wrapper_fn: Callable[..., nn.Module] = checkpoint_wrapper,
     check_fn: Callable[[nn.Module], bool] = lambda _: True,
-    auto_wrap_policy: Any = None,
+    auto_wrap_policy: Callable[..., bool] | object = None,
 ) -> None:
     """Replace, in place, each submodule of ``model`` that ``check_fn`` selects by ``checkpoint_wrapper_fn(it)``.
 
@@ -216,7 +212,7 @@ def _post_order_wrap(
     visit(root)
 
 
-def _auto_wrap(root: nn.Module, policy: Callable[..., bool], wrapper_fn: Callable[[nn.Module], nn.Module]) -> None:
+def _auto_wrap(root: nn.Module, policy: Callable[..., object], wrapper_fn: Callable[[nn.Module], nn.Module]) -> None:
     """FSDP's auto-wrap protocol: ``policy(module=, recurse=True, nonwrapped_numel=)`` says whether to look inside
     a module, ``recurse=False`` whether to wrap it, given the parameter elements not inside a wrapped child."""
 
@@ -244,7 +240,8 @@ def _auto_wrap(root: nn.Module, policy: Callable[..., bool], wrapper_fn: Callabl
 
 def _checkpointed_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     _warn_if_nested(self)
-    return checkpoint(forward, *args, **self._sac2_checkpoint_kwargs, **kwargs)
+    options: dict[str, Any] = vars(self)["_sac2_checkpoint_kwargs"]  # set by checkpoint_module
+    return checkpoint(forward, *args, **options, **kwargs)
 
 
 module_class.register_kind("Checkpointed", _checkpointed_forward)
@@ -253,7 +250,7 @@ module_class.register_kind("Checkpointed", _checkpointed_forward)
 def checkpoint_module(
     module: nn.Module,
     *,
-    context_fn: Callable[[], tuple[Any, Any]] = _compat.noop_context_fn,
+    context_fn: _compat.ContextFn = _compat.noop_context_fn,
     **checkpoint_kwargs: Any,
 ) -> nn.Module:
     """Checkpoint every call of ``module`` in place: no wrapper, so parameter names and state-dict keys stay as
@@ -266,12 +263,10 @@ def checkpoint_module(
     (``torch.save``/``torch.load(weights_only=False)``) when ``context_fn`` does.
     """
     if getattr(module, "_sac2_checkpoint_kwargs", None) is not None:
-        raise ValueError(f"sac2.checkpoint_module: this {type(module).__name__} is already checkpointed.")
+        raise ValueError(messages.already_checkpointed(module))
     if checkpoint_kwargs.get("use_reentrant"):
-        raise ValueError(
-            "sac2.checkpoint_module: use_reentrant=True is not supported; the in-place form runs sac2's "
-            "non-reentrant checkpoint."
-        )
-    module._sac2_checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
+        raise ValueError(messages.CHECKPOINT_MODULE_REENTRANT)
+    # In the instance's dict, as an attribute assignment puts it (nn.Module's stubs type attributes as tensors).
+    vars(module)["_sac2_checkpoint_kwargs"] = {"context_fn": context_fn, **checkpoint_kwargs}
     module_class.swap_class(module, "Checkpointed")
     return module

@@ -8,12 +8,13 @@ counters show it, and a Triton kernel's writes come from torch's kernel analysis
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Hashable, TypeAlias
 
 import torch
 
 from sac2 import _compat
 from sac2._compat import tree_leaves
+from sac2.keys import Region
 
 _version = _compat.version
 
@@ -23,12 +24,14 @@ __all__ = [
 ]
 
 
-Path = tuple  # ("a", index, *sub) or ("k", name, *sub): where a written tensor sits in (args, kwargs)
+#: ("a", index, *sub) or ("k", name, *sub): where a written tensor sits in (args, kwargs); sub: list positions
+#: and dict keys.
+Path: TypeAlias = tuple[Hashable, ...]
 
 
-def locate(args: tuple, kwargs: dict, path: Path) -> Any:
+def locate(args: tuple[Any, ...], kwargs: dict[str, Any], path: Path) -> Any:
     """The object at ``path`` in ``(args, kwargs)``."""
-    obj = args if path[0] == "a" else kwargs
+    obj: Any = args if path[0] == "a" else kwargs
     for step in path[1:]:
         obj = obj[step]
     return obj
@@ -55,8 +58,8 @@ def schema_writes(func: _compat.OpOverload) -> tuple[Path, ...]:
     )
 
 
-def expand(args: tuple, kwargs: dict, paths: tuple[Path, ...]) -> list[tuple[Path, torch.Tensor]]:
-    out = []
+def expand(args: tuple[Any, ...], kwargs: dict[str, Any], paths: tuple[Path, ...]) -> list[tuple[Path, torch.Tensor]]:
+    out: list[tuple[Path, torch.Tensor]] = []
     for path in paths:
         obj = locate(args, kwargs, path)
         if isinstance(obj, torch.Tensor):
@@ -66,11 +69,11 @@ def expand(args: tuple, kwargs: dict, paths: tuple[Path, ...]) -> list[tuple[Pat
     return out
 
 
-def _tensor_paths(args: tuple, kwargs: dict) -> list[tuple[Path, torch.Tensor]]:
+def _tensor_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[Path, torch.Tensor]]:
     """Every tensor in ``(args, kwargs)``, nested lists, tuples and dicts included, with its ``locate`` path."""
     out: list[tuple[Path, torch.Tensor]] = []
 
-    def walk(path: Path, obj: Any) -> None:
+    def walk(path: Path, obj: object) -> None:
         if isinstance(obj, torch.Tensor):
             out.append((path, obj))
         elif isinstance(obj, (list, tuple)):
@@ -87,7 +90,7 @@ def _tensor_paths(args: tuple, kwargs: dict) -> list[tuple[Path, torch.Tensor]]:
     return out
 
 
-def tensor_versions(args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
+def tensor_versions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, int]]:
     """Every tensor argument of a HOP call with its version, to see afterwards which ones the HOP wrote."""
     if not kwargs and all(type(a) is torch.Tensor or not isinstance(a, (list, tuple, dict)) for a in args):
         return [(t, _version(t)) for t in args if isinstance(t, torch.Tensor)]  # no containers: no tree walk
@@ -95,10 +98,10 @@ def tensor_versions(args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]
 
 
 def writes_of(
-    func: Any,
-    args: tuple,
-    kwargs: dict,
-    out: Any,
+    func: _compat.Op | Region,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: object,
     before: list[tuple[torch.Tensor, int]] | None,
     paths: tuple[Path, ...] | None = None,
 ) -> list[tuple[Path, torch.Tensor]] | None:
@@ -124,7 +127,7 @@ def writes_of(
     return []
 
 
-def unversioned_writes(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+def unversioned_writes(func: _compat.Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """Tensors a HOP call wrote without bumping their version (a Triton kernel writes raw memory).
 
     Version counters cannot show such a write to a saved tensor, so the caller must compare storages.

@@ -42,7 +42,7 @@ class TestShortRun(TestCase):
         lines = self.result[1].splitlines()
         self.assertEqual(lines[1].split()[:8], ["mode", "step", "ms", "vs", "none", "kept", "MiB", "peak"])
         names = [m["name"] for m in self.result[2]["modes"]]
-        for name, line in zip(names, lines[2:]):
+        for name, line in zip(names, lines[2 : 2 + len(names)], strict=True):  # the table's rows; notes follow
             self.assertTrue(line.startswith(name), line)
 
     def test_runs_the_four_required_modes_first(self):

@@ -69,14 +69,14 @@ class TestMemoryBudget(TestCase):
     def test_gradients_are_bit_exact(self):
         model, x = _model(), _input()
         policy = memory_budget(model, (x,), 0.5, cost="flops")
-        for got, want in zip(_grads(model, x, policy), _grads(model, x)):
+        for got, want in zip(_grads(model, x, policy), _grads(model, x), strict=True):
             self.assertTrue(torch.equal(got, want))
 
     def test_random_ops_replay_the_same_numbers(self):
         model, x = _model(p=0.5), _input()
         for budget in (0.0, 0.5, 1.0):
             policy = memory_budget(model, (x,), budget, cost="flops")
-            for got, want in zip(_grads(model, x, policy), _grads(model, x)):
+            for got, want in zip(_grads(model, x, policy), _grads(model, x), strict=True):
                 self.assertTrue(torch.equal(got, want), f"budget {budget}")
 
     def test_decisions_are_the_same_in_every_forward(self):

@@ -43,7 +43,7 @@ def test_compiled_checkpoint_without_context_fn_matches_compiled_no_checkpoint()
     block = _Block()
     expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
     actual = _grads(torch.compile(lambda x: sac2.checkpoint(block, x), backend="aot_eager"), block)
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -53,7 +53,7 @@ def test_compiled_decorated_checkpoint_matches_compiled_no_checkpoint() -> None:
     expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
     checkpointed = sac2.checkpoint(use_reentrant=False)(block)
     actual = _grads(torch.compile(lambda x: checkpointed(x), backend="aot_eager"), block)
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -70,5 +70,5 @@ def test_compiled_checkpoint_under_user_hooks_compiles_without_graph_breaks() ->
     with saved_tensors_hooks(lambda t: t, lambda t: t):
         actual = _grads(compiled, block)
     assert not counters["graph_break"]
-    for got, want in zip(actual, expected):
+    for got, want in zip(actual, expected, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

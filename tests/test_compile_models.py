@@ -140,7 +140,7 @@ def _compiled_reference(backend: str, **block_kwargs) -> list[torch.Tensor]:
 
 
 def _assert_close(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
-    for a, e in zip(actual, expected):
+    for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
 
 

@@ -67,7 +67,7 @@ total               6      768      768      192""")
 
     def test_curve_spans_budgets_with_memory_rising_and_cost_falling(self):
         report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
-        budgets, kept, cost = zip(*report.curve)
+        budgets, kept, cost = zip(*report.curve, strict=True)
         self.assertEqual(budgets[0], 0.0)
         self.assertEqual(budgets[-1], 1.0)
         self.assertEqual(list(kept), sorted(kept))

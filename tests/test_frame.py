@@ -884,7 +884,7 @@ def test_an_error_in_backward_leaves_no_state_behind():
 
         @staticmethod
         def backward(ctx, grad):
-            ctx.saved_tensors
+            _ = ctx.saved_tensors  # unpacks, so the recompute ran before the error
             raise Boom("backward")
 
     def scenario():

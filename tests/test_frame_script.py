@@ -69,7 +69,7 @@ def test_prints_each_pairs_ratio(run):
 
 def test_json_holds_the_printed_medians(run):
     text, data, _ = run
-    for name, workload in data["workloads"].items():
+    for workload in data["workloads"].values():
         assert set(workload["ms"]) == {mode for mode, _ in _rows(text)}
         assert workload["rows"]["none"]["ratio_to_none"] == 1.0
         assert workload["rounds"] == 1

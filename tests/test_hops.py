@@ -69,7 +69,7 @@ def check_checkpointed(
         (middle - start, end - middle) if runs is not None else (forward.counts[op], backward.counts[op])
     )
     assert torch.equal(out, expected)
-    for g, e in zip(got, expected_grads):
+    for g, e in zip(got, expected_grads, strict=True):
         assert torch.equal(g, e)
     assert (forward_runs, backward_runs) == (1, 0 if mode == "save" else 1)
     kept = sac2.activation_memory(fn, inputs, lambda ctx, func, *args, **kwargs: saves(func, args))

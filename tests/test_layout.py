@@ -163,3 +163,59 @@ def test_the_private_name_checks_see_code_and_not_comments_or_strings(tmp_path: 
         "pkg/a.py:8: torch.distributed.algorithms._checkpoint",
     ]
     assert cross_module_private_names(pkg, "pkg") == ["pkg/a.py:9: pkg.b._helper", "pkg/a.py:11: b._helper"]
+
+
+#: Where message texts may be written out: the one home of user-facing messages, and the bench's command line,
+#: whose argparse errors belong to it.
+MESSAGE_HOMES = ("messages.py", "bench/cli.py")
+
+
+def _written_out(node: ast.expr) -> bool:
+    """Whether an expression spells text in place (a string literal or an f-string anywhere in it)."""
+    return any(isinstance(n, ast.JoinedStr) or (isinstance(n, ast.Constant) and isinstance(n.value, str))
+               for n in ast.walk(node))
+
+
+def inline_messages(root: Path = PACKAGE) -> list[str]:
+    """``file:line`` of each exception raised, or warning given (``warnings.warn``, ``warn_once``), whose text is
+    written out in place instead of taken from ``sac2.messages``."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() in MESSAGE_HOMES:
+            continue
+        for node in sorted(ast.walk(ast.parse(path.read_text())), key=lambda n: getattr(n, "lineno", 0)):
+            texts: list[ast.expr] = []
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
+                texts = [*node.exc.args, *(k.value for k in node.exc.keywords)]
+            elif isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                if name == "warn" and node.args:
+                    texts = [node.args[0]]
+                elif name == "warn_once" and len(node.args) == 3:
+                    texts = [node.args[2]]  # (kind of warning, op, message)
+            if any(_written_out(t) for t in texts):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_every_user_facing_message_comes_from_sac2_messages() -> None:
+    found = inline_messages()
+    assert found == [], "messages written out in place (build them in sac2/messages.py):\n" + "\n".join(found)
+
+
+def test_the_inline_message_check_sees_raises_and_warnings(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "bench").mkdir(parents=True)
+    (pkg / "messages.py").write_text('BAD = "written here on purpose"\n')
+    (pkg / "bench" / "cli.py").write_text('raise SystemExit(f"argparse errors stay in the CLI {1}")\n')
+    (pkg / "a.py").write_text(
+        "from pkg import messages\n"
+        'raise ValueError("inline")\n'
+        'raise ValueError(f"inline {1}")\n'
+        "raise ValueError(messages.BAD)\n"
+        'warnings.warn("inline", stacklevel=2)\n'
+        'warn_once("kind", op, messages.BAD)\n'
+        'warn_once("kind", op, "inline " + name)\n'
+        "raise RuntimeError(messages.nested(x) + '!')\n"
+    )
+    assert inline_messages(pkg) == ["pkg/a.py:2", "pkg/a.py:3", "pkg/a.py:5", "pkg/a.py:7", "pkg/a.py:8"]

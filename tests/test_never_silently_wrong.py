@@ -39,8 +39,8 @@ def _assert_same(fn, inputs, policy, **kwargs):
     expected = _grads(fn, inputs)
     torch.manual_seed(0)
     actual = _grads(fn, inputs, context_fn=_contexts(policy), **kwargs)
-    for e, a in zip(expected, actual):
-        for x, y in zip(e, a):
+    for e, a in zip(expected, actual, strict=True):
+        for x, y in zip(e, a, strict=True):
             assert torch.equal(x, y)
 
 
@@ -448,7 +448,7 @@ def test_pre_norm_mlp_block_on_a_nested_jagged_tensor(policy):
     block.zero_grad()
     x = _njt()
     sac2.checkpoint(block, x, context_fn=_contexts(policy)).values().sum().backward()
-    for e, a in zip(expected[0], [p.grad for p in block.parameters()]):
+    for e, a in zip(expected[0], [p.grad for p in block.parameters()], strict=True):
         assert torch.equal(e, a)
     assert torch.equal(expected[1], x.grad.values())
 
@@ -467,7 +467,7 @@ def test_recompute_under_autocast_with_cached_casts_does_not_diverge():
     a, b = torch.randn(4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
     out = sac2.checkpoint(fn, a, b, context_fn=_contexts([]))
     grads = torch.autograd.grad(out.sum(), (a, b), create_graph=True)
-    assert all(torch.equal(g, e) for g, e in zip(grads, torch.autograd.grad(fn(a, b).sum(), (a, b))))
+    assert all(torch.equal(g, e) for g, e in zip(grads, torch.autograd.grad(fn(a, b).sum(), (a, b)), strict=True))
 
 
 # ---- errors that name the cause ----

@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -67,8 +68,17 @@ def test_requires_only_torch_and_pins_its_extras():
     assert project["dependencies"] == ["torch>=2.13,<2.16"]
     extras = project["optional-dependencies"]
     assert extras["remat"] == ["torch-remat==0.2.2"]
-    assert extras["lint"] == ["ruff==0.17.5"]
+    assert extras["lint"] == ["ruff==0.17.5", "mypy==2.4.1"]
     assert {"plot", "test"} <= set(extras)
+
+
+def test_the_lint_extra_pins_the_linters_ci_runs():
+    path = ROOT / ".ci" / "lint.sh"
+    if not path.is_file():
+        pytest.skip("the sdist carries no .ci/")
+    script = path.read_text()
+    ruff, mypy = (re.search(rf"^{name}=(\S+)$", script, re.M).group(1) for name in ("RUFF_VERSION", "MYPY_VERSION"))
+    assert _pyproject()["project"]["optional-dependencies"]["lint"] == [f"ruff=={ruff}", f"mypy=={mypy}"]
 
 
 def test_every_public_name_of_torchs_checkpoint_wrapper_module_is_in_sac2():

@@ -219,7 +219,7 @@ def _run(fn: Callable, args: tuple, kwargs: dict, call: Callable) -> tuple[list[
 
 def _assert_all_equal(actual: list, expected: list) -> None:
     assert len(actual) == len(expected)
-    for a, e in zip(actual, expected):
+    for a, e in zip(actual, expected, strict=True):
         if e is None:
             assert a is None
         else:

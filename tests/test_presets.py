@@ -362,7 +362,7 @@ False, True -> MUST_SAVE""")
         sac2.checkpoint_wrapper(
             block, context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, policy)
         )(x).sum().backward()
-        for p, e in zip(block.parameters(), expected):
+        for p, e in zip(block.parameters(), expected, strict=True):
             self.assertTrue(torch.equal(p.grad, e))
 
 

@@ -64,7 +64,7 @@ def _reference(x: torch.Tensor) -> torch.Tensor:
 def test_respect_true_packs_what_torch_packs() -> None:
     got, want = _packed(_sac2), _packed(_reference)
     assert len(got) == len(want) == 2
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 def test_respect_false_bypasses_the_hooks() -> None:

@@ -93,7 +93,7 @@ class TestCheckpointWrapper(TestCase):
         plain, wrapped = _model(seed=0), _model(seed=1)
         sac2.apply_activation_checkpointing(wrapped, check_fn=lambda m: isinstance(m, Block))
         wrapped.load_state_dict(plain.state_dict())
-        for (_, a), (_, b) in zip(plain.state_dict().items(), wrapped.state_dict().items()):
+        for (_, a), (_, b) in zip(plain.state_dict().items(), wrapped.state_dict().items(), strict=True):
             self.assertTrue(torch.equal(a, b))
         other = _model(seed=2)
         other.load_state_dict(wrapped.state_dict())
@@ -170,7 +170,7 @@ class TestCheckpointWrapper(TestCase):
             block = Block()
             wrap(block)(_x().requires_grad_()).sum().backward()
             grads.append([p.grad for p in block.parameters()])
-        for ours, theirs in zip(*grads):
+        for ours, theirs in zip(*grads, strict=True):
             self.assertTrue(torch.equal(ours, theirs))
 
 
@@ -310,7 +310,7 @@ def test_torch_compile_of_a_checkpointed_model_matches_eager(form):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert torch.ops.aten.addmm.default in asked  # the policy tagged the traced graph
     eager(_x()).backward()
-    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 

@@ -8,6 +8,11 @@ never torch's private names (``tests/test_layout.py`` checks).
 """
 
 from sac2._compat.autograd import (
+    AutocastState,
+    Devices,
+    HookPair,
+    RngStates,
+    SavedTensor,
     autocast_contexts,
     autocast_state,
     backward_keeps_graph,
@@ -65,6 +70,7 @@ from sac2._compat.ops import (
     UNSAFE_VIEW,
     FakeTensor,
     HigherOrderOperator,
+    Op,
     OpOverload,
     OpOverloadPacket,
     compiled_callable_key,
@@ -94,6 +100,9 @@ from sac2._compat.torch_checkpoint import (
     DEBUG_TIP,
     TORCH_FRAME,
     CheckpointError,
+    ContextFn,
+    FrameGenerator,
+    FrameOptions,
     as_torch_frame,
     checkpoint_debug_override,
     early_stop_override,
@@ -101,7 +110,6 @@ from sac2._compat.torch_checkpoint import (
     tell_torch_sac_modes,
     torch_frame,
     torch_frame_bindings,
-    unpacked_twice_message,
 )
 
 __all__ = [
@@ -116,6 +124,7 @@ __all__ = [
     "OpOverload",
     "OpOverloadPacket",
     "HigherOrderOperator",
+    "Op",
     "FakeTensor",
     "tree_map",
     "tree_leaves",
@@ -160,7 +169,14 @@ __all__ = [
     "user_saved_tensors_hooks",
     "CheckpointError",
     "DEBUG_TIP",
-    "unpacked_twice_message",
+    "ContextFn",
+    "FrameOptions",
+    "FrameGenerator",
+    "HookPair",
+    "Devices",
+    "AutocastState",
+    "RngStates",
+    "SavedTensor",
     "checkpoint_devices",
     "autocast_state",
     "autocast_contexts",

@@ -6,7 +6,8 @@ Each shim names, in a ``Removable:`` line, the torch change that would let it go
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import types
+from typing import Any, Callable, ContextManager, TypeAlias
 
 import torch
 import torch.overrides as _overrides
@@ -20,9 +21,17 @@ __all__ = [
     "checkpoint_devices", "autocast_state", "autocast_contexts", "rng_states",
     "set_rng_states", "device_initialized_since", "device_context", "fresh_device_context", "make_saved_tensor",
     "unpack_saved_tensor", "graph_exec_group", "graph_task", "push_checkpoint_hooks", "pop_checkpoint_hooks",
-    "set_grad_enabled",
-
+    "set_grad_enabled", "HookPair", "Devices", "AutocastState", "RngStates", "SavedTensor",
 ]
+
+#: A (pack, unpack) pair of saved-tensor hooks: pack turns a tensor into anything, unpack turns that back.
+HookPair: TypeAlias = tuple[Callable[[torch.Tensor], Any], Callable[[Any], torch.Tensor]]
+#: A checkpoint's device type and the indices of its arguments' non-CPU devices (``checkpoint_devices``).
+Devices: TypeAlias = tuple[str, list[int]]
+#: One device type's autocast state: (device type, enabled, dtype, cache enabled).
+AutocastState: TypeAlias = tuple[str, bool, torch.dtype, bool]
+#: The CPU generator's state and, where the device module is initialised, (module, device index, state) for each.
+RngStates: TypeAlias = tuple[torch.Tensor, list[tuple[types.ModuleType, int, torch.Tensor]] | None]
 
 
 #: torch's "no context" sentinel: dynamo recognises exactly this object as "no selective policy".
@@ -51,7 +60,7 @@ def in_checkpoint_forward() -> bool:
 
     Removable: torch marks its checkpoint hooks publicly (2.14+ has ``_checkpoint_internal``, still private).
     """
-    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    hooks = _top_hooks()
     if hooks is None:
         return False
     if getattr(hooks[0], "_sac2_forward", False):
@@ -59,7 +68,7 @@ def in_checkpoint_forward() -> bool:
     return _CHECKPOINT_PACK is not None and getattr(hooks[0], "__code__", None) is _CHECKPOINT_PACK
 
 
-def user_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
+def user_saved_tensors_hooks() -> HookPair | None:
     """The (pack, unpack) pair a tensor saved for backward right now would go through, or None, looking past the
     hooks checkpoints push themselves (an outer checkpoint's placeholders, its recompute's capture) to the user's.
 
@@ -69,63 +78,67 @@ def user_saved_tensors_hooks() -> tuple[Callable, Callable] | None:
 
     Removable: ``torch.utils.checkpoint`` exposes the user's saved-tensor hooks beneath its own (2.14+: private).
     """
-    autograd = torch._C._autograd
-    hooks = autograd._top_saved_tensors_default_hooks(False)
+    hooks = _top_hooks()
     while hooks is not None and _checkpoint_internal(hooks):
-        beneath = getattr(hooks[0], "_user_hooks", _NOT_KEPT)
-        if beneath is _NOT_KEPT:
+        pack = hooks[0]
+        if not hasattr(pack, "_user_hooks"):
             return _beneath_torch_hooks()
-        hooks = beneath
+        hooks = pack._user_hooks
     return hooks
 
 
-_NOT_KEPT = object()
-
-
-def _beneath_torch_hooks() -> tuple[Callable, Callable] | None:
+def _beneath_torch_hooks() -> HookPair | None:
     """torch 2.13: the first hook pair beneath the checkpoint-internal ones on top of the stack, found by popping
     them and pushing them back."""
-    autograd = torch._C._autograd
-    if not autograd._saved_tensors_hooks_is_enabled():
+    if not _hooks_enabled():
         return None  # hooks can't be pushed back now; under disable_saved_tensors_hooks nothing may be saved
-    popped = []
-    hooks = autograd._top_saved_tensors_default_hooks(False)
+    popped: list[HookPair] = []
+    hooks = _top_hooks()
     try:
         while hooks is not None and _checkpoint_internal(hooks):
             popped.append(hooks)
-            autograd._pop_saved_tensors_default_hooks()
-            hooks = autograd._top_saved_tensors_default_hooks(False)
+            _pop_hooks()
+            hooks = _top_hooks()
     finally:
         for pack, unpack in reversed(popped):
-            autograd._push_saved_tensors_default_hooks(pack, unpack)
+            _push_hooks(pack, unpack)
     return hooks
 
 
-def _checkpoint_internal(hooks: tuple[Callable, Callable]) -> bool:
+def _checkpoint_internal(hooks: HookPair) -> bool:
     """Whether a hook pair is one torch's non-reentrant checkpoint pushed (torch 2.13: its unpack hooks are local
     functions of ``torch.utils.checkpoint``; its pack hook may be wrapped by ``torch._dynamo.disable``)."""
-    return getattr(hooks[0], "_checkpoint_internal", False) or getattr(hooks[1], "__module__", None) == _tuc.__name__
+    internal = getattr(hooks[0], "_checkpoint_internal", False)
+    return bool(internal) or getattr(hooks[1], "__module__", None) == _tuc.__name__
 
 
-_SavedTensor = torch._C._autograd.SavedTensor
+def _top_hooks() -> HookPair | None:
+    """The innermost saved-tensor hook pair, None when none is pushed (torch's stubs leave out the None)."""
+    top: HookPair | None = _top_default_hooks(False)
+    return top
+
+
+SavedTensor = torch._C._autograd.SavedTensor
 _make_saved_tensor = torch._C._autograd._make_saved_tensor
 _push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
 _pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
-_top_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+_top_default_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+# Present on torch 2.13-2.15, missing from their stubs.
+_hooks_enabled: Callable[[], bool] = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
 _graph_task_id = torch._C._current_graph_task_id
-_graph_exec_group = getattr(torch._C, "_get_graph_exec_group", lambda: None)
+_graph_exec_group = torch._C._get_graph_exec_group
 _grad_enabled = torch.is_grad_enabled
 _set_grad = torch._C._set_grad_enabled
 
 
-def _tensor_leaves(args: tuple) -> list[torch.Tensor]:
+def _tensor_leaves(args: tuple[Any, ...]) -> list[torch.Tensor]:
     for a in args:
         if type(a) is not torch.Tensor and isinstance(a, (list, tuple, dict)):
             return [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
     return [a for a in args if isinstance(a, torch.Tensor)]  # no containers: no tree walk
 
 
-def checkpoint_devices(args: tuple) -> tuple[str, list[int]]:
+def checkpoint_devices(args: tuple[Any, ...]) -> Devices:
     """The device type whose RNG and autocast state a checkpoint replays, and the indices of the non-CPU devices of
     the tensor arguments, as torch's frame infers them (``_infer_device_type``, ``get_device_states``): CUDA
     first, else the first non-CPU type, else the default device type.
@@ -145,11 +158,12 @@ def checkpoint_devices(args: tuple) -> tuple[str, list[int]]:
     return ("cuda" if "cuda" in types else types[0]), ids
 
 
-def _device_module(device_type: str) -> Any:
-    return None if device_type == "meta" else getattr(torch, device_type, None)
+def _device_module(device_type: str) -> types.ModuleType | None:
+    module: types.ModuleType | None = None if device_type == "meta" else getattr(torch, device_type, None)
+    return module
 
 
-def _autocast_of(device_type: str) -> tuple[str, bool, torch.dtype, bool]:
+def _autocast_of(device_type: str) -> AutocastState:
     return (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type),
             torch.is_autocast_cache_enabled())
 
@@ -157,7 +171,7 @@ def _autocast_of(device_type: str) -> tuple[str, bool, torch.dtype, bool]:
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
-def autocast_state(devices: tuple[str, list[int]]) -> tuple | None:
+def autocast_state(devices: Devices) -> tuple[AutocastState, ...] | None:
     """The autocast state of the checkpoint's device type (where autocast exists) and of the CPU; None when
     autocast is off everywhere (the common case, read with one call).
 
@@ -172,7 +186,7 @@ def autocast_state(devices: tuple[str, list[int]]) -> tuple | None:
     return tuple(states)
 
 
-def autocast_contexts(state: tuple | None) -> list:
+def autocast_contexts(state: tuple[AutocastState, ...] | None) -> list[ContextManager[object]]:
     """The ``torch.autocast`` contexts that make the autocast state ``state`` again; none where it already is.
 
     Removable: ``torch._C._is_any_autocast_enabled`` becomes public.
@@ -192,25 +206,25 @@ def autocast_contexts(state: tuple | None) -> list:
 _cpu_generator = torch.default_generator
 
 
-def rng_states(devices: tuple[str, list[int]]) -> tuple[torch.Tensor, list | None]:
+def rng_states(devices: Devices) -> RngStates:
     """The CPU generator's state and, if the device type's module is initialised, each argument device's.
 
     Removable: never: public generator calls (kept beside the other recompute state).
     """
     device_type, ids = devices
     module = _device_module(device_type)
-    if not getattr(module, "_initialized", False):
+    if module is None or not getattr(module, "_initialized", False):
         return _cpu_generator.get_state(), None
     return _cpu_generator.get_state(), [(module, i, module.get_rng_state(i)) for i in ids]
 
 
-def set_rng_states(states: tuple[torch.Tensor, list | None]) -> tuple[torch.Tensor, list | None]:
+def set_rng_states(states: RngStates) -> RngStates:
     """Set the states ``rng_states`` took; return the ones they replace.
 
     Removable: never: public generator calls (kept beside the other recompute state).
     """
     cpu, devices = states
-    before = _cpu_generator.get_state(), None if devices is None else [
+    before: RngStates = _cpu_generator.get_state(), None if devices is None else [
         (m, i, m.get_rng_state(i)) for m, i, _ in devices
     ]
     _cpu_generator.set_state(cpu)
@@ -219,7 +233,7 @@ def set_rng_states(states: tuple[torch.Tensor, list | None]) -> tuple[torch.Tens
     return before
 
 
-def device_initialized_since(devices: tuple[str, list[int]], rng: tuple[torch.Tensor, list | None]) -> bool:
+def device_initialized_since(devices: Devices, rng: RngStates) -> bool:
     """Whether the device module was initialised after ``rng`` was taken without its states (torch's frame
     refuses that: the device's RNG state could not be replayed).
 
@@ -241,7 +255,7 @@ def device_context() -> torch.device | None:
     return None
 
 
-def fresh_device_context(device: torch.device) -> Any:
+def fresh_device_context(device: torch.device) -> ContextManager[object]:
     """A new ``torch.device`` context for recompute (re-entering the forward's own instance corrupts its state).
 
     Removable: the torch-function mode stack and ``DeviceContext`` become public.
@@ -249,7 +263,7 @@ def fresh_device_context(device: torch.device) -> Any:
     return _device.DeviceContext(device)
 
 
-def make_saved_tensor(t: torch.Tensor) -> Any:
+def make_saved_tensor(t: torch.Tensor) -> SavedTensor:
     """Save ``t`` as autograd saves an input of a node: through the saved-tensor hooks in effect.
 
     Removable: ``torch._C._autograd._make_saved_tensor`` becomes public.
@@ -257,15 +271,16 @@ def make_saved_tensor(t: torch.Tensor) -> Any:
     return _make_saved_tensor(t, is_output=False)
 
 
-def unpack_saved_tensor(x: Any) -> Any:
-    return x.unpack() if type(x) is _SavedTensor else x
+def unpack_saved_tensor(x: object) -> object:
+    """The tensor a ``SavedTensor`` holds; any other argument as it is."""
+    return x.unpack() if type(x) is SavedTensor else x
 
 
-def graph_exec_group() -> Any:
+def graph_exec_group() -> _tuc.GraphExecGroup | None:
     return _graph_exec_group()
 
 
-def graph_task() -> Any:
+def graph_task() -> _tuc.GraphExecGroup | int | None:
     """What a recompute is shared by: the ``GraphExecGroup`` in effect, else the running backward's graph task; None
     outside any backward.
 
@@ -278,22 +293,25 @@ def graph_task() -> Any:
     return None if gid == -1 else gid
 
 
-def push_checkpoint_hooks(pack: Callable, unpack: Callable, forward: bool = False) -> None:
+def push_checkpoint_hooks(
+    pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor], forward: bool = False
+) -> None:
     """Push a checkpoint's saved-tensor hooks, marked as checkpoint-internal the way torch 2.14+ marks its own
     (``_checkpoint_internal``, and ``_user_hooks``, the user's pair beneath, while on the stack), so that torch's
     SAC, sac2's and nested checkpoints find the user's hooks past them.
 
     Removable: saved-tensor hooks can be pushed and popped without a context manager publicly.
     """
+    # Marks on the function object, as torch 2.14+ marks its own hooks: mypy knows no attributes of a Callable.
     pack._checkpoint_internal = True  # type: ignore[attr-defined]
     pack._sac2_forward = forward  # type: ignore[attr-defined]
     pack._user_hooks = user_saved_tensors_hooks()  # type: ignore[attr-defined]
     _push_hooks(pack, unpack)
 
 
-def pop_checkpoint_hooks(pack: Callable) -> None:
+def pop_checkpoint_hooks(pack: Callable[[torch.Tensor], Any]) -> None:
     _pop_hooks()
-    del pack._user_hooks  # the graph keeps the hooks; it must not keep the user's through them
+    del pack._user_hooks  # type: ignore[attr-defined]  # the graph keeps the hooks, but not the user's through them
 
 
 def set_grad_enabled(enabled: bool) -> bool:

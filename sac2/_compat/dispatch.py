@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from typing import Any, Callable
+import types
+from typing import Callable, ContextManager, Protocol, TypeVar
 
 import torch
 import torch.fx._symbolic_trace as _fx_trace
 import torch.fx.traceback as fx_traceback
 import torch.utils.checkpoint as _tuc
+from torch._C._dynamo.guards import set_is_in_mode_without_ignore_compile_internals as _set_not_ignoring
 from torch.utils import _python_dispatch as _pd
 
 __all__ = [
@@ -75,7 +77,12 @@ def tracing_for_compile() -> bool:
     return not torch.compiler._is_non_strict_tracing()
 
 
-def tag_traced_nodes(run: Callable[[], Any], ac_graph_id: int, policy_of: Callable[[Any], Any]) -> Any:
+_T = TypeVar("_T")
+
+
+def tag_traced_nodes(
+    run: Callable[[], _T], ac_graph_id: int, policy_of: Callable[[_T], _tuc.CheckpointPolicy]
+) -> _T:
     """Run ``run()`` under compile tracing and tag the FX nodes it adds with torch's recompute metadata.
 
     ``policy_of(out)`` returns the torch ``CheckpointPolicy`` for the op's output; the partitioner reads
@@ -102,7 +109,7 @@ def tag_traced_nodes(run: Callable[[], Any], ac_graph_id: int, policy_of: Callab
 _REGION = "sac2_region"
 
 
-def annotate_region(name: str) -> Any:
+def annotate_region(name: str) -> ContextManager[None]:
     """While torch.compile traces, mark the FX nodes traced in the body as belonging to region ``name``.
 
     Removable: ``torch.fx.traceback.annotate`` is documented public.
@@ -124,10 +131,10 @@ def mode_stack_len() -> int:
 
     Removable: the dispatch-mode stack gets a public API.
     """
-    return _pd._len_torch_dispatch_stack()
+    return _len_stack()
 
 
-def dispatch_mode_stack() -> list:
+def dispatch_mode_stack() -> list[TorchDispatchMode]:
     """This thread's dispatch-mode stack, innermost (the mode that dispatches first) last.
 
     Removable: the dispatch-mode stack gets a public API.
@@ -136,25 +143,27 @@ def dispatch_mode_stack() -> list:
 
 
 _NO_CONTEXT = contextlib.nullcontext()
+_len_stack = torch._C._len_torch_dispatch_stack
 
 
-def no_modes() -> Any:
+def no_modes() -> ContextManager[object]:
     """A context manager that takes every dispatch mode off this thread's stack for its body.
 
     Removable: the dispatch-mode stack gets a public API.
     """
-    return _pd._disable_current_modes() if _pd._len_torch_dispatch_stack() else _NO_CONTEXT
+    return _pd._disable_current_modes() if _len_stack() else _NO_CONTEXT
 
 
-def pop_mode() -> Any:
+def pop_mode() -> TorchDispatchMode:
     """Pop the innermost mode off this thread's stack, leaving torch's "in a mode" flags alone.
 
     Removable: the dispatch-mode stack gets a public API.
     """
-    return _pd._pop_mode()
+    mode: TorchDispatchMode = _pd._pop_mode()
+    return mode
 
 
-def push_mode(mode: Any) -> None:
+def push_mode(mode: TorchDispatchMode) -> None:
     """Push ``mode`` back onto this thread's stack, leaving torch's "in a mode" flags alone.
 
     Removable: the dispatch-mode stack gets a public API.
@@ -162,12 +171,13 @@ def push_mode(mode: Any) -> None:
     _pd._push_mode(mode)
 
 
-def mode_classes() -> list[type]:
+def mode_classes() -> list[type[TorchDispatchMode]]:
     """The classes of the modes on this thread's dispatch-mode stack, outermost first.
 
     Removable: the dispatch-mode stack gets a public API.
     """
-    return [type(_pd._get_dispatch_stack_at(i)) for i in range(_pd._len_torch_dispatch_stack())]
+    modes: list[TorchDispatchMode] = [torch._C._get_dispatch_stack_at(i) for i in range(_len_stack())]
+    return [type(m) for m in modes]
 
 
 def set_dispatch_flags(in_mode: bool, non_infra: bool, not_ignoring: bool) -> None:
@@ -177,7 +187,7 @@ def set_dispatch_flags(in_mode: bool, non_infra: bool, not_ignoring: bool) -> No
     """
     _pd._is_in_torch_dispatch_mode, _pd._is_in_non_infra_torch_dispatch_mode = in_mode, non_infra
     _pd._is_in_any_mode_without_ignore_compile_internals = not_ignoring
-    _pd.set_is_in_mode_without_ignore_compile_internals(not_ignoring)
+    _set_not_ignoring(not_ignoring)
 
 
 def dispatch_flags() -> tuple[bool, bool, bool]:
@@ -192,7 +202,7 @@ def dispatch_flags() -> tuple[bool, bool, bool]:
     )
 
 
-def skip_dynamo_in_mode(cls: type) -> None:
+def skip_dynamo_in_mode(cls: type[TorchDispatchMode]) -> None:
     """Never let dynamo trace a mode's ``__torch_dispatch__`` or what it calls: what torch's default
     ``_should_skip_dynamo`` does with a ``torch._disable_dynamo(recursive=True)`` wrapper frame on every call
     (about a microsecond per op on sac2's hottest path), marked on the code object instead.
@@ -201,11 +211,18 @@ def skip_dynamo_in_mode(cls: type) -> None:
     """
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
-    cls._should_skip_dynamo = classmethod(lambda c: False)  # type: ignore[attr-defined]
+    # Replacing torch's classmethod on the class is the point; mypy reads the attribute as a bound method.
+    cls._should_skip_dynamo = classmethod(lambda c: False)  # type: ignore[method-assign,assignment]
     set_code_exec_strategy(cls.__torch_dispatch__.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 
-def skip_dynamo_in_code(*functions: Callable) -> None:
+class _Code(Protocol):
+    """A Python function: what has a code object."""
+
+    __code__: types.CodeType
+
+
+def skip_dynamo_in_code(*functions: _Code) -> None:
     """Never let dynamo trace these functions or what they call (marked on their code objects: no per-call cost).
 
     Removable: ``torch.compiler.disable`` marks code objects instead of wrapping calls.
@@ -219,9 +236,11 @@ def skip_dynamo_in_code(*functions: Callable) -> None:
 #: Whether FX symbolic tracing (or a tracer built on it) is running: a module flag before torch 2.15, a
 #: thread-local behind ``_get_is_fx_tracing`` from 2.15 on. Removable: ``is_fx_tracing`` stops warning (it now
 #: warns on every call) or torch documents one of these.
-_fx_tracing: Callable[[], bool] = getattr(_fx_trace, "_get_is_fx_tracing", None) or (
-    lambda: _fx_trace._is_fx_tracing_flag
-)
+def _fx_tracing_flag() -> bool:
+    return bool(getattr(_fx_trace, "_is_fx_tracing_flag", False))
+
+
+_fx_tracing: Callable[[], bool] = getattr(_fx_trace, "_get_is_fx_tracing", None) or _fx_tracing_flag
 
 
 def traced_checkpoint() -> bool:

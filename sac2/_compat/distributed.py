@@ -5,13 +5,17 @@ Removable when torch exposes ``checkpoint_wrapper``, ``CheckpointImpl`` and ``Ac
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from typing import Any, Callable
 
 import torch
+
+from sac2 import messages
 
 __all__ = ["CheckpointImpl", "register_activation_wrapper", "wrap_policy_targets", "torch_wrapper_function"]
 
 
+_wrappers: types.ModuleType | None
 try:
     import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as _wrappers
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl
@@ -19,7 +23,8 @@ except ImportError:  # torch built without distributed: same members, so user co
     import enum as _enum
 
     _wrappers = None
-    CheckpointImpl = _enum.Enum("CheckpointImpl", ["REENTRANT", "NO_REENTRANT"])  # type: ignore[misc]
+    # The stand-in for the class torch's stubs always have.
+    CheckpointImpl = _enum.Enum("CheckpointImpl", ["REENTRANT", "NO_REENTRANT"])  # type: ignore[no-redef]
 
 
 def register_activation_wrapper(cls: type, kind: str) -> None:
@@ -33,18 +38,19 @@ def register_activation_wrapper(cls: type, kind: str) -> None:
         getattr(_wrappers, kind).register(cls)
 
 
-def wrap_policy_targets(policy: Any, root: torch.nn.Module) -> dict:
+def wrap_policy_targets(policy: object, root: torch.nn.Module) -> dict[torch.nn.Module, dict[str, Any]]:
     """The modules an FSDP ``_Policy`` object (``CustomPolicy``) selects under ``root``, each with its kwargs.
 
     Removable: FSDP's ``_Policy`` exposes its selection publicly.
     """
     run = getattr(policy, "_run_policy", None)
     if run is None:
-        raise ValueError(f"sac2: auto_wrap_policy {policy!r} is neither callable nor an FSDP wrap policy.")
-    return run(root, ignored_modules=set(), root_kwargs={})
+        raise ValueError(messages.not_a_wrap_policy(policy))
+    targets: dict[torch.nn.Module, dict[str, Any]] = run(root, ignored_modules=set(), root_kwargs={})
+    return targets
 
 
-def torch_wrapper_function(name: str) -> Any:
+def torch_wrapper_function(name: str) -> Callable[..., Any] | None:
     """torch's ``checkpoint_wrapper`` or ``apply_activation_checkpointing`` (None without torch.distributed).
 
     Removable: the wrapper module moves to a public path.
@@ -53,4 +59,5 @@ def torch_wrapper_function(name: str) -> Any:
         import torch.distributed.algorithms._checkpoint.checkpoint_wrapper as module
     except ImportError:
         return None
-    return getattr(module, name)
+    function: Callable[..., Any] = getattr(module, name)
+    return function

@@ -6,15 +6,18 @@ Each shim names, in a ``Removable:`` line, the torch change that would let it go
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, TypeAlias, Union
 
 import torch
 import torch.utils.checkpoint as _tuc
 from torch.utils import _python_dispatch as _pd
 from torch.utils import _pytree
 
+from sac2 import messages
+
 __all__ = [
-    "OpOverload", "OpOverloadPacket", "HigherOrderOperator", "FakeTensor", "tree_map", "tree_leaves", "IGNORED_OPS",
+    "OpOverload", "OpOverloadPacket", "HigherOrderOperator", "Op", "FakeTensor", "tree_map", "tree_leaves",
+    "IGNORED_OPS",
     "INDUCTOR_COMPILED_CODE", "FLEX_ATTENTION", "TRITON_MUTATION", "compiled_regions_wrapped",
     "compiled_callable_key", "triton_written_args", "direct_call", "schema", "has_ordered_effect", "storage_id",
     "has_internal_overlap", "op_packet", "flop_formula", "default_generator", "partitioner_compute_intensive_ops",
@@ -29,6 +32,8 @@ OpOverload = torch._ops.OpOverload
 OpOverloadPacket = torch._ops.OpOverloadPacket
 HigherOrderOperator = torch._ops.HigherOrderOperator
 FakeTensor = torch._subclasses.FakeTensor
+#: What the dispatcher hands a mode as ``func``, and what a save list holds: an op overload or a higher-order op.
+Op: TypeAlias = Union[OpOverload, HigherOrderOperator]
 
 #: pytree helpers. Removable: ``torch.utils.pytree`` is the public spelling on every supported torch.
 tree_map = _pytree.tree_map
@@ -37,7 +42,7 @@ tree_leaves = _pytree.tree_leaves
 #: Ops that forward and recompute legitimately run a different number of times (detach, metadata queries
 #: issued by the determinism check); torch's own SAC skips exactly these. Removable: never (torch's public list,
 #: kept beside the other op facts).
-IGNORED_OPS: frozenset = frozenset(_tuc.SAC_IGNORED_OPS)
+IGNORED_OPS: frozenset[OpOverload] = frozenset(_tuc.SAC_IGNORED_OPS)
 
 
 #: aten ops whose names start with an underscore (internal to torch, free to change): sac2 names them here only.
@@ -56,7 +61,7 @@ def version(t: torch.Tensor) -> int:
     return t._version
 
 
-def versions(tensors: Any) -> tuple[int, ...]:
+def versions(tensors: Iterable[torch.Tensor]) -> tuple[int, ...]:
     """The version counters of ``tensors`` (``version`` for many, one call)."""
     return tuple([t._version for t in tensors])
 
@@ -70,16 +75,17 @@ def set_versions(pairs: list[tuple[torch.Tensor, int]]) -> None:
     torch._C._autograd._unsafe_set_version_counter(tensors, values)
 
 
-def _hop(module: str, name: str) -> Any:
+def _hop(module: str, name: str) -> HigherOrderOperator | None:
     """A HOP by module and name, None where this torch lacks it.
 
     Removable: torch exposes its higher-order ops under a public path.
     """
     try:
         mod = __import__(f"torch._higher_order_ops.{module}", fromlist=[name])
-        return getattr(mod, name)
+        hop = getattr(mod, name)
     except (ImportError, AttributeError):
         return None
+    return hop if isinstance(hop, HigherOrderOperator) else None
 
 
 #: The HOP a compiled region runs as under a dispatch mode (``wrap_inductor_compiled_regions``).
@@ -102,7 +108,7 @@ def compiled_regions_wrapped() -> bool:
     return bool(getattr(config, "wrap_inductor_compiled_regions", False))
 
 
-def compiled_callable_key(args: tuple) -> tuple[int, str | None]:
+def compiled_callable_key(args: tuple[Any, ...]) -> tuple[int, str | None]:
     """(unique index, name given to torch.compile) of the compiled callable an inductor_compiled_code call runs.
 
     Removable: ``inductor_compiled_code`` exposes its callable's index and name publicly.
@@ -113,10 +119,10 @@ def compiled_callable_key(args: tuple) -> tuple[int, str | None]:
     return fn.idx, fn.compile_region_name
 
 
-_triton_writes: dict[tuple, list[str]] = {}
+_triton_writes: dict[tuple[object, ...], list[str]] = {}
 
 
-def triton_written_args(kwargs: dict) -> list[str]:
+def triton_written_args(kwargs: dict[str, Any]) -> list[str]:
     """Names of the tensor kwargs a ``triton_kernel_wrapper_mutation`` call writes into.
 
     Uses torch's own kernel analysis; if that analysis fails, every tensor kwarg counts as written.
@@ -145,7 +151,7 @@ def triton_written_args(kwargs: dict) -> list[str]:
     return names
 
 
-def direct_call(op: Any) -> Callable[..., Any]:
+def direct_call(op: Op) -> Callable[..., Any]:
     """The fastest callable that runs ``op`` as calling it would: an OpOverload's C++ handle (what
     ``OpOverload.__call__`` calls, minus a Python frame) where that is what torch calls, else the op itself
     (HOPs; custom ops whose ``_op`` is a Python dispatcher on torch 2.14+, which ``__call__`` guards).
@@ -159,7 +165,7 @@ def direct_call(op: Any) -> Callable[..., Any]:
     return op
 
 
-def schema(op: Any) -> Any:
+def schema(op: OpOverload) -> torch.FunctionSchema:
     """An OpOverload's ``torch.FunctionSchema``.
 
     Removable: ``OpOverload`` exposes its schema publicly.
@@ -167,7 +173,7 @@ def schema(op: Any) -> Any:
     return op._schema
 
 
-def has_ordered_effect(op: Any) -> bool:
+def has_ordered_effect(op: Op) -> bool:
     """Whether an op has an ORDERED side effect (``aten._print``, torchbind calls...): it must not run twice.
     c10d ops are excepted, as in torch 2.15's SAC (they return async work handles, no value to cache).
 
@@ -189,9 +195,10 @@ def storage_id(t: torch.Tensor) -> int | None:
 
     Removable: untyped storages expose a public identity.
     """
-    if _pd.is_traceable_wrapper_subclass(t):
+    if _pd.is_traceable_wrapper_subclass_type(type(t)):
         return None
-    return t.untyped_storage()._cdata
+    cdata: int = t.untyped_storage()._cdata
+    return cdata
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:
@@ -202,15 +209,15 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return torch._debug_has_internal_overlap(t) == 1
 
 
-def op_packet(op: Any) -> Any:
+def op_packet(op: Op) -> OpOverloadPacket | HigherOrderOperator:
     """The OpOverloadPacket of an OpOverload (``aten.mm`` for ``aten.mm.default``); the op itself otherwise.
 
     Removable: ``OpOverload`` exposes its packet publicly.
     """
-    return getattr(op, "_overloadpacket", op)
+    return op._overloadpacket if isinstance(op, OpOverload) else op
 
 
-def flop_formula(packet: Any) -> Callable[..., int] | None:
+def flop_formula(packet: OpOverloadPacket | HigherOrderOperator) -> Callable[..., int] | None:
     """torch's FLOP formula for an op packet (``torch.utils.flop_counter``'s registry), or None.
 
     Removable: ``torch.utils.flop_counter`` documents its registry as public.
@@ -228,11 +235,13 @@ def default_generator(device: torch.device) -> torch.Generator:
     if device.type == "cpu":
         return torch.default_generator
     module = torch.get_device_module(device.type)
-    index = device.index if device.index is not None else module.current_device()
-    return module.default_generators[index]
+    # torch's stubs type device.index as int; it is None for a device given without one ("cuda").
+    index = device.index if device.index is not None else module.current_device()  # type: ignore[redundant-expr]
+    generator: torch.Generator = module.default_generators[index]
+    return generator
 
 
-def partitioner_compute_intensive_ops() -> list:
+def partitioner_compute_intensive_ops() -> list[OpOverload]:
     """The default overloads of the ops AOTAutograd's min-cut partitioner counts as compute intensive
     (``get_default_op_list().compute_intensive_ops``): where torchtitan's default save list starts.
 
@@ -240,10 +249,12 @@ def partitioner_compute_intensive_ops() -> list:
     """
     from torch._functorch.partitioners import get_default_op_list
 
-    return [packet.default for packet in get_default_op_list().compute_intensive_ops]
+    # torch types the list as Callables; it holds OpOverloadPackets.
+    return [packet.default for packet in get_default_op_list().compute_intensive_ops
+            if isinstance(packet, OpOverloadPacket)]
 
 
-def op_path(op: Any) -> str:
+def op_path(op: Op) -> str:
     """An op's path under ``torch.ops``: ``aten.mm.default``, ``higher_order.flex_attention``.
 
     Removable: ops pickle by themselves (pybind function records and local HOP functions).
@@ -254,12 +265,14 @@ def op_path(op: Any) -> str:
     return f"higher_order.{op.name()}"
 
 
-def op_at_path(path: str) -> Any:
+def op_at_path(path: str) -> Op:
     """The op ``op_path`` named: the very object this process's ``torch.ops`` holds.
 
     Removable: ops pickle by themselves (pybind function records and local HOP functions).
     """
-    obj: Any = torch.ops
+    obj: object = torch.ops
     for part in path.split("."):
         obj = getattr(obj, part)
+    if not isinstance(obj, (OpOverload, HigherOrderOperator)):
+        raise TypeError(messages.not_an_op_path(path, obj))
     return obj

@@ -16,6 +16,8 @@ def allocation_sizes(prof: torch.profiler.profile) -> list[int]:
 
     Removable: the CPU allocator keeps statistics (``memory_allocated`` on CPU).
     """
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    results = prof.profiler.kineto_results if prof.profiler is not None else None
+    assert results is not None, "allocation_sizes reads a profiler that has run and stopped"
+    events = [e for e in results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
-    return [e.nbytes() for e in events]
+    return [e.nbytes() for e in events]  # type: ignore[attr-defined]  # torch's _KinetoEvent stub lacks nbytes

@@ -36,11 +36,13 @@ REGION_SAVES = {"sac2 regions": ["attention", "linear"], "sac2 regions attn": ["
 
 
 def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return block(x)
+    out: torch.Tensor = block(x)
+    return out
 
 
 def _full(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return tuc.checkpoint(block, x, use_reentrant=False)
+    out: torch.Tensor = tuc.checkpoint(block, x, use_reentrant=False)
+    return out
 
 
 def remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
@@ -50,7 +52,7 @@ def remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., to
     saved = remat.region(fn, name, recompute=False)
 
     def call(*args: Any) -> torch.Tensor:
-        out = saved(*args)
+        out: torch.Tensor = saved(*args)
         remat.recompute_needs_tensor(out)  # torch_remat's rule for an output a bare op (view, add) consumes
         return out
 
@@ -60,7 +62,8 @@ def remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., to
 def _remat(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     import torch_remat as remat
 
-    return remat.checkpoint(region_name="block")(block)(x)
+    out: torch.Tensor = remat.checkpoint(region_name="block")(block)(x)
+    return out
 
 
 def remat_available() -> bool:

@@ -61,7 +61,8 @@ def _device(text: str) -> str:
                 f"{text!r} needs a GPU; torch sees none (torch.cuda.is_available() is False)"
             )
         count = torch.cuda.device_count()
-        if device.index is not None and device.index >= count:
+        # torch's stubs type device.index as int; it is None for "cuda" given without one.
+        if device.index is not None and device.index >= count:  # type: ignore[redundant-expr]
             visible = ", ".join(f"cuda:{i}" for i in range(count))
             raise argparse.ArgumentTypeError(f"no device {text!r}; the visible CUDA devices are {visible}")
     return text

@@ -67,14 +67,16 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _same(a: torch.Tensor, b: torch.Tensor, bitwise: bool) -> bool:
+def _same(a: torch.Tensor | None, b: torch.Tensor | None, bitwise: bool) -> bool:
+    if a is None or b is None:  # a parameter without a gradient: equal only if the reference has none either
+        return a is None and b is None
     return torch.equal(a, b) if bitwise else torch.allclose(a, b, atol=ATOL, rtol=RTOL)
 
 
 def _equal(model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor, bitwise: bool) -> bool:
     if not _same(loss, ref_loss, bitwise):
         return False
-    return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters()))
+    return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters(), strict=True))
 
 
 def _model(base: Transformer, row: Row) -> Transformer:
@@ -137,14 +139,15 @@ def run(
         notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
     modes = rows(base, example)
     models = [_model(base, row) for row in modes]
-    forwards = [_forward(m, row, backend if compile else None, i) for i, (m, row) in enumerate(zip(models, modes))]
+    backend_ = backend if compile else None
+    forwards = [_forward(m, row, backend_, i) for i, (m, row) in enumerate(zip(models, modes, strict=True))]
     optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
     check = "allclose" if compile else "bitwise"
     results = [Result(row.name, row.policy, check=check) for row in modes]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
         tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
-        for forward, model in zip(forwards, models):
+        for forward, model in zip(forwards, models, strict=True):
             forward(tokens, targets).backward()
             model.zero_grad(set_to_none=True)
     progress = _Progress((steps + 1) * len(modes))

@@ -16,6 +16,7 @@ import torch
 import torch.utils.checkpoint as tuc
 
 import sac2
+from sac2.answers import Policy
 
 __all__ = ["CURVE_LENGTHS", "CURVE_SAVE_LIST", "curve", "format_curve", "stock_sac", "sac2_sac"]
 
@@ -23,13 +24,17 @@ __all__ = ["CURVE_LENGTHS", "CURVE_SAVE_LIST", "curve", "format_curve", "stock_s
 CURVE_LENGTHS = (16, 64, 256, 1024, 4096)
 
 
-def stock_sac(policy: Any) -> Callable[[Callable, torch.Tensor], torch.Tensor]:
+#: ``run(fn, x)``: ``fn(x)`` under one checkpointing mode.
+Run = Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def stock_sac(policy: Policy) -> Run:
     """``run(fn, x)``: ``fn(x)`` under torch's non-reentrant checkpoint with torch's SAC contexts for ``policy``."""
     context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, policy)
     return lambda fn, x: tuc.checkpoint(fn, x, use_reentrant=False, context_fn=context_fn)
 
 
-def sac2_sac(policy: Any) -> Callable[[Callable, torch.Tensor], torch.Tensor]:
+def sac2_sac(policy: Policy) -> Run:
     """``run(fn, x)``: ``fn(x)`` under ``sac2.checkpoint`` with sac2's contexts for ``policy``."""
     context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, policy)
     return lambda fn, x: sac2.checkpoint(fn, x, context_fn=context_fn)
@@ -55,7 +60,7 @@ def curve(lengths: Sequence[int] = CURVE_LENGTHS, repeat: int = 5) -> dict[str, 
     sample runs the region enough times for about 2,048 ops. ``equal`` says whether each mode's gradient was
     bitwise the no-checkpointing one.
     """
-    modes: dict[str, Callable[[Callable, torch.Tensor], torch.Tensor]] = {
+    modes: dict[str, Run] = {
         "none": lambda fn, x: fn(x),
         "full": lambda fn, x: tuc.checkpoint(fn, x, use_reentrant=False),
         "stock SAC": stock_sac(CURVE_SAVE_LIST),
@@ -70,11 +75,11 @@ def curve(lengths: Sequence[int] = CURVE_LENGTHS, repeat: int = 5) -> dict[str, 
         for n in lengths:
             chain, iters = _chain(n), max(1, 2048 // n)
             x = torch.randn(16, generator=torch.Generator().manual_seed(n), requires_grad=True)
-            grads = {}
+            grads: dict[str, torch.Tensor] = {}
             for name in names:  # warm up every path once, and keep its gradient
                 x.grad = None
                 modes[name](chain, x).sum().backward()
-                grads[name] = x.grad.clone()  # later samples accumulate into x.grad in place
+                grads[name] = _grad_of(x).clone()  # later samples accumulate into x.grad in place
             samples: dict[str, list[float]] = {name: [] for name in names}
             for r in range(repeat):
                 for name in names[r % len(names):] + names[: r % len(names)]:
@@ -89,6 +94,13 @@ def curve(lengths: Sequence[int] = CURVE_LENGTHS, repeat: int = 5) -> dict[str, 
         torch.set_num_threads(threads)
     return {"ops": "alternating sin/cos on 16 floats", "policy": "save list [aten.cos.default]",
             "lengths": list(lengths), "repeat": repeat, "us_per_op": us, "equal": equal}
+
+
+def _grad_of(x: torch.Tensor) -> torch.Tensor:
+    """``x.grad`` after a backward (read here: mypy would keep the caller's ``x.grad = None`` narrowing)."""
+    grad = x.grad
+    assert grad is not None, "x requires grad and a backward ran"
+    return grad
 
 
 def format_curve(data: dict[str, Any]) -> str:

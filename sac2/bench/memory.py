@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from sac2 import _compat
+from sac2 import _compat, messages
 
 __all__ = ["DEVICE_TYPES", "Memory", "measure_step"]
 
@@ -46,9 +46,7 @@ def measure_step(forward: Callable[[], torch.Tensor], device: torch.device | str
         return _measure_cuda(forward, device)
     if device.type == "cpu":
         return _measure_cpu(forward)
-    raise ValueError(
-        f"sac2.bench.memory: cannot measure memory on {device}; supported devices are {' and '.join(DEVICE_TYPES)}."
-    )
+    raise ValueError(messages.bench_memory_bad_device(device, DEVICE_TYPES))
 
 
 def _measure_cuda(forward: Callable[[], torch.Tensor], device: torch.device) -> tuple[Memory, torch.Tensor]:

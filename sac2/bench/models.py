@@ -86,8 +86,8 @@ class Block(nn.Module):
         super().__init__()
         self.calls: dict[str, Callable[..., torch.Tensor]] | None = None
         if region is not None:
-            fns = (F.linear, _causal_sdpa, F.linear, F.linear, F.linear)
-            self.calls = {name: region(fn, name) for name, fn in zip(REGION_NAMES, fns)}
+            fns: tuple[Callable[..., torch.Tensor], ...] = (F.linear, _causal_sdpa, F.linear, F.linear, F.linear)
+            self.calls = {name: region(fn, name) for name, fn in zip(REGION_NAMES, fns, strict=True)}
         self.n_heads = cfg.n_heads
         self.attention = ScaledDotProductAttention()
         self.attn_norm = RMSNorm(cfg.dim)
@@ -105,7 +105,8 @@ class Block(nn.Module):
         a = self.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         h = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
         gate, up = self.gate_up(self.mlp_norm(h)).chunk(2, dim=-1)
-        return h + self.down(F.silu(gate) * up)
+        out: torch.Tensor = h + self.down(F.silu(gate) * up)
+        return out
 
     def _forward_regions(self, x: torch.Tensor, calls: dict[str, Callable[..., torch.Tensor]]) -> torch.Tensor:
         """``forward`` with the matmuls and attention called through their regions: the same ops, in order."""

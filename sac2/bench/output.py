@@ -3,9 +3,12 @@ front marked, with the per-op curve beside it when there is one)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from sac2.bench.job import Result
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 __all__ = ["format_table", "pareto_front", "plot"]
 
@@ -37,7 +40,8 @@ def format_table(results: Sequence[Result]) -> str:
         for r in results
     ]
     widths = [max(len(row[c]) for row in (header, *rows_)) for c in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in (header, *rows_))
+    lines = ("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in (header, *rows_))
+    return "\n".join(lines)
 
 
 def plot(results: Sequence[Result], curve_data: dict[str, Any] | None, path: str, title: str) -> None:
@@ -73,11 +77,11 @@ def plot(results: Sequence[Result], curve_data: dict[str, Any] | None, path: str
     fig.savefig(path, bbox_inches="tight")
 
 
-def _mark_front(ax: Any, front: Sequence[tuple[float, float]]) -> None:
+def _mark_front(ax: Axes, front: Sequence[tuple[float, float]]) -> None:
     """Ring the Pareto-optimal points and join them with a dashed staircase (what no other row beats on both)."""
     if not front:
         return
-    xs, ys = zip(*sorted(front))
+    xs, ys = zip(*sorted(front), strict=True)
     ax.scatter(xs, ys, s=220, facecolors="none", edgecolors="black", linewidths=1.2, zorder=2,
                label="Pareto front: no row is both faster and keeps less")
     ax.step(xs, ys, where="post", linestyle="--", color="black", linewidth=0.8, zorder=1)

@@ -28,15 +28,22 @@ import sys
 import threading
 import types
 import weakref
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch.utils.checkpoint as _tuc
+from torch import nn
 
-from sac2 import _compat, frame
+from sac2 import _compat, frame, messages
+from sac2.answers import Policy
 from sac2.checkpointing import create_selective_checkpoint_contexts as _sac2_contexts
+from sac2.modes import CachingMode, ReplayMode
+from sac2.region_record import RegionForward, RegionReplay
 from sac2.wrappers import CheckpointImpl
 from sac2.wrappers import apply_activation_checkpointing as _sac2_apply
 from sac2.wrappers import checkpoint_wrapper as _sac2_wrapper
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = [
     "install",
@@ -50,17 +57,19 @@ __all__ = [
 _TORCH_CONTEXTS = _tuc.create_selective_checkpoint_contexts
 
 
-def create_selective_checkpoint_contexts(policy_fn_or_list: Any, allow_cache_entry_mutation: bool = False) -> Any:
+def create_selective_checkpoint_contexts(
+    policy_fn_or_list: Policy, allow_cache_entry_mutation: bool = False
+) -> tuple[CachingMode | RegionForward, ReplayMode | RegionReplay]:
     """What torch's ``create_selective_checkpoint_contexts`` is while sac2 is installed: sac2's."""
     return _sac2_contexts(policy_fn_or_list, allow_cache_entry_mutation)
 
 
 def checkpoint_wrapper(
-    module: Any,
-    checkpoint_impl: Any = CheckpointImpl.NO_REENTRANT,
+    module: nn.Module,
+    checkpoint_impl: CheckpointImpl = CheckpointImpl.NO_REENTRANT,
     checkpoint_fn: Callable[..., Any] | None = None,
     **checkpoint_fn_kwargs: Any,
-) -> Any:
+) -> nn.Module:
     """What torch's ``checkpoint_wrapper`` is while sac2 is installed: ``sac2.checkpoint_wrapper``."""
     if checkpoint_fn is not None:
         checkpoint_fn = _redirect(checkpoint_fn)
@@ -70,25 +79,28 @@ def checkpoint_wrapper(
 
 
 def apply_activation_checkpointing(
-    model: Any,
-    checkpoint_wrapper_fn: Callable[..., Any] = checkpoint_wrapper,
-    check_fn: Callable[[Any], bool] = lambda _: True,
-    auto_wrap_policy: Any = None,
+    model: nn.Module,
+    checkpoint_wrapper_fn: Callable[..., nn.Module] = checkpoint_wrapper,
+    check_fn: Callable[[nn.Module], bool] = lambda _: True,
+    auto_wrap_policy: Callable[..., bool] | object = None,
 ) -> None:
     """What torch's ``apply_activation_checkpointing`` is while sac2 is installed: sac2's."""
     _sac2_apply(model, _redirect(checkpoint_wrapper_fn), check_fn, auto_wrap_policy)
 
 
-def _frames(function: Callable[..., Any], args: tuple, kwargs: dict, *, context_fn: Callable, **options: Any) -> Any:
+def _frames(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[_compat.FrameOptions]
+) -> _compat.FrameGenerator:
     """sac2's frame, for torch's ``checkpoint``: a ``context_fn`` that leads to torch's contexts gets sac2's."""
-    return frame.frames(function, args, kwargs, context_fn=_redirect(context_fn), **options)
+    options["context_fn"] = _redirect(options["context_fn"])
+    return frame.frames(function, args, kwargs, **options)
 
 
 #: sac2's frame in the calling convention of torch's frame generator on this torch.
 _FRAME = _compat.as_torch_frame(_frames)
 
 #: torch's function -> its replacement, for the functions client modules may bind.
-_REPLACEMENTS: dict[int, tuple[Callable, Callable]] = {
+_REPLACEMENTS: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {
     id(_TORCH_CONTEXTS): (_TORCH_CONTEXTS, create_selective_checkpoint_contexts),
 }
 #: (module, attribute) of torch's own bindings: the public entry points and the frame generator's callers.
@@ -103,14 +115,16 @@ for _name, _ours in (("checkpoint_wrapper", checkpoint_wrapper),
         _REPLACEMENTS[id(_theirs)] = (_theirs, _ours)
         _ENTRY_POINTS.append((sys.modules[_theirs.__module__], _name))
 #: replacement -> torch's object it replaces.
-_ORIGINALS: dict[int, tuple[Callable, Callable]] = {id(new): (new, old) for old, new in _REPLACEMENTS.values()}
+_ORIGINALS: dict[int, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    id(new): (new, old) for old, new in _REPLACEMENTS.values()
+}
 #: The functions client modules bind (the frame generator is torch's business only).
 _CLIENT_FUNCTIONS = frozenset(k for k, (old, _) in _REPLACEMENTS.items() if old is not _compat.TORCH_FRAME)
 
-_pinned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_pinned: weakref.WeakKeyDictionary[types.FunctionType, types.FunctionType] = weakref.WeakKeyDictionary()
 
 
-def _redirect(fn: Any) -> Any:
+def _redirect(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` with the torch functions it leads to replaced by sac2's (see the module docstring)."""
     hit = _REPLACEMENTS.get(id(fn))
     if hit is not None and hit[0] is fn:
@@ -154,10 +168,12 @@ def _pin_globals(fn: types.FunctionType) -> types.FunctionType:
     return pinned
 
 
-def _client_namespaces() -> Iterator[tuple[str, dict]]:
+def _client_namespaces() -> Iterator[tuple[str, dict[str, Any]]]:
     """(module name, module dict) of every imported module outside torch and sac2."""
     for name, module in list(sys.modules.items()):
-        if module is None or name in ("torch", "sac2") or name.startswith(("torch.", "sac2.")):
+        if module is None:  # an import blocked on purpose (typeshed types sys.modules' values as modules only)
+            continue  # type: ignore[unreachable]
+        if name in ("torch", "sac2") or name.startswith(("torch.", "sac2.")):
             continue
         try:
             namespace = object.__getattribute__(module, "__dict__")
@@ -167,12 +183,12 @@ def _client_namespaces() -> Iterator[tuple[str, dict]]:
             yield name, namespace
 
 
-def _is(table: dict[int, tuple[Callable, Callable]], value: Any) -> bool:
+def _is(table: dict[int, tuple[Callable[..., Any], Callable[..., Any]]], value: object) -> bool:
     hit = table.get(id(value))
     return hit is not None and hit[0] is value
 
 
-def _bindings() -> Iterator[tuple[str, dict, str, Any]]:
+def _bindings() -> Iterator[tuple[str, dict[str, Any], str, object]]:
     """(qualified name, namespace, name, value) of every binding of a torch object ``install()`` replaces, or of
     its replacement: torch's own bindings first, then the client modules'."""
     for module, attr in _ENTRY_POINTS:
@@ -227,14 +243,11 @@ class Installation:
         """``installed()``, after checking that this installation is in effect and that no binding points at
         torch's objects; raises ``RuntimeError`` naming them otherwise."""
         if not self.active:
-            raise RuntimeError("sac2.integrations.install: this installation was uninstalled.")
+            raise RuntimeError(messages.INSTALL_UNINSTALLED)
         report = installed()
         torch_bound = sorted(k for k, v in report.items() if v == "torch")
         if torch_bound:
-            raise RuntimeError(
-                "sac2.integrations.install: these names still run torch's activation checkpointing, not sac2's: "
-                f"{torch_bound}. Something rebound them after install(); call install() again."
-            )
+            raise RuntimeError(messages.install_rebound(torch_bound))
         return report
 
     def uninstall(self) -> None:
@@ -254,7 +267,7 @@ class Installation:
     def __enter__(self) -> Installation:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.uninstall()
 
     def __repr__(self) -> str:

@@ -9,17 +9,32 @@ the class's own ``apply`` under ``sac2.integrations.install()``; the wrappers it
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol, runtime_checkable
 
 from torch import nn
 
+from sac2 import messages
 from sac2.integrations.rebinding import install
 from sac2.wrappers import CheckpointWrapper
 
 __all__ = ["apply_ac"]
 
 
-def apply_ac(ac: Any, model: nn.Module, *, dump_folder: str = "") -> list[str]:
+@runtime_checkable
+class _AC(Protocol):
+    """torchtitan's ``ActivationCheckpointing`` (torchtitan is untyped): what sac2 calls of it."""
+
+    def apply(self, model: nn.Module) -> object: ...
+
+
+@runtime_checkable
+class _ACConfig(Protocol):
+    """Its ``Config``, which builds one."""
+
+    def build(self, *, dump_folder: str) -> _AC: ...
+
+
+def apply_ac(ac: _AC | _ACConfig, model: nn.Module, *, dump_folder: str = "") -> list[str]:
     """Apply torchtitan's activation checkpointing ``ac`` to ``model`` with sac2; return the wrapped blocks' names.
 
     ``ac`` is an ``ActivationCheckpointing`` instance (``FullAC``, ``SelectiveAC``, a subclass) or its ``Config``
@@ -27,17 +42,15 @@ def apply_ac(ac: Any, model: nn.Module, *, dump_folder: str = "") -> list[str]:
     that wraps nothing (``MemoryBudgetAC`` only sets the compiler's memory budget) raises ``ValueError``, as does
     a block left unwrapped or wrapped by something other than sac2.
     """
-    if not hasattr(ac, "apply") and hasattr(ac, "build"):
+    if not isinstance(ac, _AC) and isinstance(ac, _ACConfig):  # as hasattr(ac, "apply"), hasattr(ac, "build")
         ac = ac.build(dump_folder=dump_folder)
     with install():
         ac.apply(model)
     layers = model.get_submodule("layers")
-    wrapped, other = [], []
+    wrapped: list[str] = []
+    other: list[str] = []
     for name, block in layers.named_children():
         (wrapped if isinstance(block, CheckpointWrapper) else other).append(f"layers.{name}")
     if other:
-        raise ValueError(
-            f"sac2.integrations.torchtitan.apply_ac: {type(ac).__name__} left these blocks without sac2's "
-            f"checkpoint wrapper: {other}. MemoryBudgetAC leaves checkpointing to the compiler and has no sac2 form."
-        )
+        raise ValueError(messages.torchtitan_blocks_unwrapped(ac, other))
     return wrapped

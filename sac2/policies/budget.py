@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from sac2 import _compat, keys, pickling
+from sac2 import _compat, keys, messages, pickling
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
 from sac2.knapsack import Solution, solve
 from sac2.opinfo import IGNORE, VIEW, info
@@ -58,7 +58,9 @@ class MemoryBudget:
         """Cost, in the profile's unit, of what backward re-runs."""
         return self.profile.recompute_cost(self.saved)
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(
+        self, ctx: SelectiveCheckpointContext, op: keys.PolicyOp, *args: Any, **kwargs: Any
+    ) -> CheckpointPolicy:
         if type(op) is not keys.Region and info(op).kind in (VIEW, IGNORE):
             return RECOMPUTE  # never saved, and not counted: views the compiled forward adds shift nothing
         counts = forward_state(ctx, self)  # per forward: nested checkpoints sharing this policy count apart
@@ -73,22 +75,16 @@ class MemoryBudget:
                 return RECOMPUTE
             self._warned = True
             seen = sum(1 for k, _ in self._decisions if k == key)
-            warnings.warn(
-                f"sac2.memory_budget: this forward runs {op_name(op)} (call {n} of that op), which the profiled "
-                f"forward did not run ({seen} calls of it): it is recomputed, so the budget keeps no more than it "
-                f"profiled. sac2.explain(fn, inputs, policy) shows what this forward keeps next to the budget's "
-                f"prediction; profile with inputs that take the same path for the same decisions.",
-                stacklevel=2,
-            )
+            warnings.warn(messages.budget_unprofiled_call(op_name(op), n, seen), stacklevel=2)
             return RECOMPUTE
         return decision
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         # The keys' ops pickle by their path under torch.ops (sac2._compat), HOPs made after sac2's import too.
         pickling.register_op_pickling(c.key for c in self.profile.calls)
         return self.__dict__
 
-    def why(self, key: Any, index: int) -> str:
+    def why(self, key: keys.Key, index: int) -> str:
         """Which rule decided call ``index`` of ``key``: how ``sac2.explain`` labels it."""
         return self.rule
 
@@ -112,15 +108,13 @@ def memory_budget(
 def solve_budget(profiled: Profile, budget: float | int) -> MemoryBudget:
     """The ``MemoryBudget`` for an existing profile (``sac2.explain`` sweeps budgets this way)."""
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(f"sac2.memory_budget: budget must be a fraction (float) or bytes (int), got {budget!r}.")
+        raise TypeError(messages.budget_bad_type(budget))
     if isinstance(budget, float):
         if not 0.0 <= budget <= 1.0:
-            raise ValueError(
-                f"sac2.memory_budget: a fractional budget must be in [0, 1], got {budget}; pass an int for bytes."
-            )
+            raise ValueError(messages.budget_fraction_out_of_range(budget))
         capacity = int(budget * profiled.total_bytes)
     elif budget < 0:
-        raise ValueError(f"sac2.memory_budget: a budget in bytes must be >= 0, got {budget}.")
+        raise ValueError(messages.budget_negative_bytes(budget))
     else:
         capacity = budget
     groups = _groups(profiled)

@@ -19,9 +19,9 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from sac2 import _compat, pickling
+from sac2 import _compat, messages, pickling
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
-from sac2.keys import Region
+from sac2.keys import PolicyOp, Region
 
 __all__ = [
     "lookup",
@@ -93,15 +93,15 @@ _COMMUNICATION = tuple(
 _MODULES_THAT_REGISTER_OPS = ("torch.nn.attention.varlen",)  # registers torch_attn._varlen_attn on import
 
 
-def lookup(path: str) -> Any:
-    """``torch.ops.<path>``, or None when the running torch does not have it (presets list ops by path)."""
-    obj: Any = torch.ops
+def lookup(path: str) -> _compat.Op | None:
+    """The op ``torch.ops.<path>``, or None when the running torch does not have it (presets list ops by path)."""
+    obj: object = torch.ops
     for part in path.split("."):
         try:
             obj = getattr(obj, part)
         except (AttributeError, RuntimeError):
             return None
-    return obj
+    return obj if isinstance(obj, (_compat.OpOverload, _compat.HigherOrderOperator)) else None
 
 
 def import_op_modules() -> None:
@@ -113,7 +113,7 @@ def import_op_modules() -> None:
             pass
 
 
-def llm_save_list() -> frozenset:
+def llm_save_list() -> frozenset[_compat.Op]:
     """The ops an LLM block keeps: every matmul (grouped and low-precision ones too), every attention kernel,
     convolutions, max/topk and the functional collectives.
 
@@ -121,11 +121,9 @@ def llm_save_list() -> frozenset:
     left out, so the same call works across torch versions and builds.
     """
     import_op_modules()
-    ops = {lookup(path) for path in _COMPUTE + _COMMUNICATION}
-    ops.add(_compat.FLEX_ATTENTION)
-    ops.add(_compat.INDUCTOR_COMPILED_CODE)
-    ops.discard(None)
-    return frozenset(ops)
+    ops = [lookup(path) for path in _COMPUTE + _COMMUNICATION]
+    ops += [_compat.FLEX_ATTENTION, _compat.INDUCTOR_COMPILED_CODE]
+    return frozenset(op for op in ops if op is not None)
 
 
 class _LLM:
@@ -134,13 +132,13 @@ class _LLM:
 
     __slots__ = ("ops", "_known")
 
-    def __init__(self, ops: frozenset) -> None:
+    def __init__(self, ops: frozenset[_compat.Op]) -> None:
         self.ops = ops
         # id(op) -> (op, saved?): runs once per op, and id() avoids OpOverload's Python __hash__; holding the op
         # keeps its id from being reused.
-        self._known: dict[int, tuple[Any, bool]] = {id(op): (op, True) for op in ops}
+        self._known: dict[int, tuple[PolicyOp, bool]] = {id(op): (op, True) for op in ops}
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if type(op) is Region:
             return MUST_SAVE
         known = self._known.get(id(op))
@@ -150,7 +148,7 @@ class _LLM:
             return MUST_SAVE
         return PREFER_RECOMPUTE
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[_LLM], tuple[frozenset[_compat.Op]]]:
         pickling.register_op_pickling(self.ops)
         return _LLM, (self.ops,)
 
@@ -158,7 +156,7 @@ class _LLM:
         return "sac2.policies.llm()"
 
 
-def _is_device_to_host(op: Any, args: tuple, kwargs: dict) -> bool:
+def _is_device_to_host(op: PolicyOp, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     # Recomputing an offload would copy to the host again in backward: exactly the transfer it was meant to pay once.
     if op is not _compat.TO_COPY or not args:
         return False
@@ -194,7 +192,7 @@ class _EveryOtherMatmul:
 
     __slots__ = ()
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if op not in _MATMULS:
             return PREFER_RECOMPUTE
         state = forward_state(ctx, _EveryOtherMatmul)
@@ -215,7 +213,7 @@ def every_other_matmul() -> PolicyFn:
     return _EveryOtherMatmul()
 
 
-def _weight_shape(op: Any, args: tuple) -> tuple[int, ...] | None:
+def _weight_shape(op: PolicyOp, args: tuple[Any, ...]) -> tuple[int, ...] | None:
     """The ``(out_features, in_features)`` shape of the weight a matmul multiplies by, as ``nn.Linear`` passes it."""
     if op is torch.ops.aten.linear.default:
         return tuple(args[1].shape)
@@ -226,10 +224,10 @@ def _weight_shape(op: Any, args: tuple) -> tuple[int, ...] | None:
 class _RecomputeLinears:
     __slots__ = ("shapes",)
 
-    def __init__(self, shapes: frozenset) -> None:
+    def __init__(self, shapes: frozenset[tuple[int, ...]]) -> None:
         self.shapes = shapes
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if op in _LINEAR_MATMULS and _weight_shape(op, args) in self.shapes:
             return MUST_RECOMPUTE
         return PREFER_RECOMPUTE
@@ -252,7 +250,7 @@ def recompute_linears(model: nn.Module, names: Iterable[str]) -> PolicyFn:
     matches no module warns once and forces nothing, so one config serves dense and MoE models alike.
     """
     names = list(names)
-    shapes: set[tuple[int, int]] = set()
+    shapes: set[tuple[int, ...]] = set()
     chosen: set[str] = set()
     unmatched = []
     for name in names:
@@ -261,53 +259,40 @@ def recompute_linears(model: nn.Module, names: Iterable[str]) -> PolicyFn:
             unmatched.append(name)
         for fqn, m in found:
             if not isinstance(m, nn.Linear):
-                raise ValueError(
-                    f"sac2.policies.recompute_linears: {fqn!r} (matched by {name!r}) is a {type(m).__name__}, "
-                    f"not an nn.Linear; name the Linear inside it."
-                )
+                raise ValueError(messages.recompute_linears_not_linear(fqn, name, m))
             shapes.add(tuple(m.weight.shape))
             chosen.add(fqn)
     if unmatched:
-        warnings.warn(
-            f"sac2.policies.recompute_linears: no module of the model is named {unmatched}, so nothing is forced "
-            f"to recompute for them (torchtitan's default 'moe.router.gate' matches nothing in a dense model too).",
-            stacklevel=2,
-        )
+        warnings.warn(messages.recompute_linears_unmatched(unmatched), stacklevel=2)
     twins = [
         fqn
         for fqn, m in model.named_modules()
         if isinstance(m, nn.Linear) and fqn not in chosen and tuple(m.weight.shape) in shapes
     ]
     if twins:
-        warnings.warn(
-            f"sac2.policies.recompute_linears: {twins} have the same weight shape as {sorted(chosen)}, so their "
-            f"matmuls are recomputed too (a dispatch mode recognises a matmul by its shapes).",
-            stacklevel=2,
-        )
+        warnings.warn(messages.recompute_linears_twins(twins, sorted(chosen)), stacklevel=2)
     return _RecomputeLinears(frozenset(shapes))
 
 
 class _Compose:
     __slots__ = ("policies",)
 
-    def __init__(self, policies: tuple) -> None:
+    def __init__(self, policies: tuple[PolicyFn, ...]) -> None:
         self.policies = policies
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        first = None
+    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        first: CheckpointPolicy | None = None
         for policy in self.policies:
             answer = policy(ctx, op, *args, **kwargs)
             if type(answer) is bool:
                 answer = MUST_SAVE if answer else PREFER_RECOMPUTE
             elif type(answer) is not CheckpointPolicy:
-                raise TypeError(
-                    f"sac2.policies.compose: {policy!r} returned {answer!r} for {op_name(op)}; a policy must "
-                    f"return a CheckpointPolicy member or a bool (True saves)."
-                )
+                raise TypeError(messages.compose_bad_answer(policy, answer, op_name(op)))
             if answer in _MUST:
                 return answer
             if first is None:
                 first = answer
+        assert first is not None, "compose takes at least one policy"
         return first
 
     def __repr__(self) -> str:
@@ -322,8 +307,8 @@ def compose(*policies: PolicyFn) -> PolicyFn:
     ``every_other_matmul`` only see the ops no earlier policy decided, so put forced decisions first.
     """
     if not policies:
-        raise ValueError("sac2.policies.compose: give at least one policy.")
+        raise ValueError(messages.COMPOSE_NO_POLICY)
     for p in policies:
         if not callable(p):
-            raise TypeError(f"sac2.policies.compose: {p!r} is not a policy callable.")
+            raise TypeError(messages.compose_not_callable(p))
     return _Compose(policies)

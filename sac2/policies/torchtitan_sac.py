@@ -12,8 +12,9 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from sac2 import _compat, pickling
+from sac2 import _compat, messages, pickling
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state
+from sac2.keys import PolicyOp
 from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, import_op_modules, lookup
 
 __all__ = ["torchtitan_save_list", "torchtitan"]
@@ -40,17 +41,15 @@ _TITAN_COMMUNICATION = (
 )
 
 
-def torchtitan_save_list() -> frozenset:
+def torchtitan_save_list() -> frozenset[_compat.Op]:
     """torchtitan 0.3.0's default save list (``_get_default_save_ops``): the partitioner's compute-intensive ops,
     SDPA, max, linear, topk, flex_attention, compiled regions, reduce-scatter and all-to-all, and the DeepEP and
     HybridEP dispatch/combine ops. Optional ops are in only when registered at the time of the call."""
     import_op_modules()
-    ops = set(_compat.partitioner_compute_intensive_ops())
-    ops.update(lookup(path) for path in _TITAN_COMPUTE + _TITAN_COMMUNICATION)
-    ops.add(_compat.FLEX_ATTENTION)
-    ops.add(_compat.INDUCTOR_COMPILED_CODE)
-    ops.discard(None)
-    return frozenset(ops)
+    ops: list[_compat.Op | None] = [*_compat.partitioner_compute_intensive_ops()]
+    ops += [lookup(path) for path in _TITAN_COMPUTE + _TITAN_COMMUNICATION]
+    ops += [_compat.FLEX_ATTENTION, _compat.INDUCTOR_COMPILED_CODE]
+    return frozenset(op for op in ops if op is not None)
 
 
 class _Torchtitan:
@@ -58,12 +57,12 @@ class _Torchtitan:
 
     __slots__ = ("ops", "shapes", "_ids")
 
-    def __init__(self, ops: frozenset, shapes: frozenset) -> None:
+    def __init__(self, ops: frozenset[_compat.Op], shapes: frozenset[tuple[int, int]]) -> None:
         self.ops = ops
         self.shapes = shapes  # (in_features, out_features): the right-hand side of the mm
         self._ids = frozenset(map(id, ops))
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         if op is _TO_COPY and "cuda" in str(args[0].device) and str(kwargs.get("device")) == "cpu":
             return MUST_SAVE  # "device" absent reads as "None", which is not "cpu"
         if op in _TITAN_MATMULS:
@@ -77,7 +76,7 @@ class _Torchtitan:
             return PREFER_RECOMPUTE
         return MUST_SAVE if id(op) in self._ids else PREFER_RECOMPUTE
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[_Torchtitan], tuple[frozenset[_compat.Op], frozenset[tuple[int, int]]]]:
         pickling.register_op_pickling(self.ops)
         return _Torchtitan, (self.ops, self.shapes)
 
@@ -98,15 +97,12 @@ def torchtitan(
     needs sac2's modes (one context per forward), as ``every_other_matmul`` does.
     """
     fqns = list(force_recompute_mm_shapes_by_fqns)
-    shapes = set()
+    shapes: set[tuple[int, int]] = set()
     for fqn, m in model.named_modules() if model is not None else ():
         if not any(f in fqn for f in fqns):
             continue
         if not isinstance(m, nn.Linear):
-            raise ValueError(
-                f"sac2.policies.torchtitan: force_recompute_mm_shapes_by_fqns matched {fqn!r}, a "
-                f"{type(m).__name__}; it must match nn.Linear modules."
-            )
+            raise ValueError(messages.torchtitan_not_linear(fqn, m))
         out_features, in_features = m.weight.shape
         shapes.add((in_features, out_features))
     return _Torchtitan(torchtitan_save_list(), frozenset(shapes))

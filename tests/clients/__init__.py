@@ -67,7 +67,7 @@ def parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def assert_bitwise_equal(result, reference) -> None:
     """Losses and parameters of two ``train`` results are bitwise equal (``torch.equal``)."""
     (losses, params), (ref_losses, ref_params) = result, reference
-    assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses)), (losses, ref_losses)
+    assert all(torch.equal(a, b) for a, b in zip(losses, ref_losses, strict=True)), (losses, ref_losses)
     assert params.keys() == ref_params.keys()
     differ = [k for k in params if not torch.equal(params[k], ref_params[k])]
     assert not differ, f"parameters differ from no AC after {STEPS} steps: {differ}"

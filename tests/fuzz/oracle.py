@@ -244,7 +244,7 @@ def diff(ref: Outcome, got: Outcome, rng: torch.Tensor) -> str | None:
         mine, theirs = getattr(ref, what), getattr(got, what)
         if len(mine) != len(theirs):
             return f"{what}: {len(theirs)} tensors, expected {len(mine)}"
-        for i, (a, b) in enumerate(zip(mine, theirs)):
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
             if not _same(a, b):
                 return f"{what}[{i}] differs" + (
                     ""
@@ -314,7 +314,7 @@ def resolve_policy(program: Program) -> Program:
     ops = tuple(k for k in seen if rng.random() < spec.pick)
     answers: tuple[str, ...] = ()
     if spec.kind == "answers":
-        names, weights = zip(*ANSWERS.items())
+        names, weights = zip(*ANSWERS.items(), strict=True)
         draw = lambda: rng.choices(names, weights)[0]  # noqa: E731
         one = draw()
         answers = tuple(one if spec.same else draw() for _ in ops)

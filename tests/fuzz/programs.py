@@ -259,7 +259,7 @@ class PolicySpec:
         if self.kind == "list":
             return [_op_of(name) for name in self.ops if not (stock and name.startswith("region "))]
         if self.kind == "answers":
-            return Answers(dict(zip(self.ops, self.answers)))
+            return Answers(dict(zip(self.ops, self.answers, strict=True)))
         if self.kind == "hash":
             return HashPolicy(self.salt)
         if self.kind == "every_k":
@@ -272,7 +272,7 @@ class PolicySpec:
         if self.kind == "list":
             return "[" + ", ".join(_op_source(name) for name in self.ops) + "]"
         if self.kind == "answers":
-            return f"tests.fuzz.programs.Answers({dict(zip(self.ops, self.answers))!r})"
+            return f"tests.fuzz.programs.Answers({dict(zip(self.ops, self.answers, strict=True))!r})"
         if self.kind == "hash":
             return f"tests.fuzz.programs.HashPolicy(salt={self.salt})"
         if self.kind == "every_k":
@@ -1167,7 +1167,7 @@ def generate(seed: int) -> Program:
             v.name = f"x{i}"
             inputs.append(InputSpec(v.name, shape, dtype, requires_grad=rng.random() < 0.9))
         g.freeze(*g.vars)  # inputs are leaves (or checkpoint inputs): never written in place
-        names, weights = zip(*WEIGHTS.items())
+        names, weights = zip(*WEIGHTS.items(), strict=True)
         for _ in range(rng.randint(3, 14)):
             kind = rng.choices(names, weights)[0]
             lines = KINDS[kind](g)
