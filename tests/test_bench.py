@@ -109,8 +109,8 @@ class TestRows(TestCase):
 
     def test_rows_in_order(self):
         names = [row.name for row in self._rows()]
-        expected = ["none", "full", "stock SAC", "sac2 SAC", "sac2 every_other_matmul", "sac2 budget 0.3",
-                    "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions", "sac2 regions attn"]
+        expected = ["none", "full", "stock SAC", "sac2 SAC", "sac2 full", "sac2 every_other_matmul",
+                    "sac2 budget 0.3", "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions", "sac2 regions attn"]
         self.assertEqual(names, expected + (["torch_remat"] if checkpoint_modes.remat_available() else []))
 
     def test_region_rows_are_one_line_on_the_unmodified_model(self):

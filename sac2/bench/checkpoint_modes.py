@@ -45,6 +45,11 @@ def _full(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _sac2_full(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = sac2.checkpoint(block, x)
+    return out
+
+
 def remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., torch.Tensor]:
     """torch_remat's saved region around ``fn``; its outputs persist, since bare ops read them in recompute."""
     import torch_remat as remat
@@ -98,9 +103,10 @@ def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
     default = llm()
     out = [
         Row("none", "-", _no_checkpoint),
-        Row("full", "recompute all", _full),
+        Row("full", "recompute all, torch's frame", _full),
         Row("stock SAC", repr(default), stock_sac(default)),
         Row("sac2 SAC", repr(default), sac2_sac(default)),
+        Row("sac2 full", "recompute all, sac2's frame", _sac2_full),
     ]
     every_other = every_other_matmul()
     out.append(Row("sac2 every_other_matmul", repr(every_other), sac2_sac(every_other)))
