@@ -1,7 +1,8 @@
 """One rank of tests/test_fsdp2.py: train 4 sac2-checkpointed blocks under FSDP2 and report losses and collectives.
 
 Launched with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON line:
-per AC mode, the 3 step losses and how many times the blocks' functional all_reduce actually ran.
+per AC mode, the 3 step losses and how many times the blocks' functional all_reduce and the Linears' addmm actually
+ran.
 """
 
 import json
@@ -18,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sac2
 
 ALL_REDUCE = torch.ops._c10d_functional.all_reduce.default
+ADDMM = torch.ops.aten.addmm.default
 
 
 class Block(nn.Module):
@@ -47,29 +49,33 @@ class Model(nn.Module):
         return self.head(x).pow(2).mean()
 
 
-class CountAllReduce(TorchDispatchMode):
-    """Counts executions of the functional all_reduce; a saved one is served by sac2 and never reaches this mode."""
+class CountOps(TorchDispatchMode):
+    """Counts executions of the functional all_reduce and of addmm (the Linears' forward); a saved op or region is
+    served by sac2 and never reaches this mode."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
+        self.calls = {ALL_REDUCE: 0, ADDMM: 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is ALL_REDUCE:
-            self.calls += 1
+        if func in self.calls:
+            self.calls[func] += 1
         return func(*args, **(kwargs or {}))
 
 
 def train(mode: str, mesh, rank: int) -> dict:
     torch.manual_seed(0)
     model = Model(16, mesh)
-    sac2.apply_ac(model, mode)  # "selective": sac2.policies.llm(), which saves _c10d_functional.all_reduce
+    if mode == "regions":  # the Linears' calls made regions and saved (the dispatch-free pair; FSDP2 shards them)
+        sac2.apply_ac(model, "regions", save=["linear"])
+    elif mode != "none":  # "selective": sac2.policies.llm(), which saves _c10d_functional.all_reduce
+        sac2.apply_ac(model, mode)
     for block in model.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(rank))
-    losses, counter = [], CountAllReduce()
+    losses, counter = [], CountOps()
     for _ in range(3):
         with counter:
             loss = model(x)
@@ -77,7 +83,7 @@ def train(mode: str, mesh, rank: int) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return {"losses": losses, "all_reduce_calls": counter.calls}
+    return {"losses": losses, "all_reduce_calls": counter.calls[ALL_REDUCE], "addmm_calls": counter.calls[ADDMM]}
 
 
 def main() -> None:
@@ -85,7 +91,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    result = {mode: train(mode, mesh, rank) for mode in ("none", "selective", "full")}
+    result = {mode: train(mode, mesh, rank) for mode in ("none", "selective", "full", "regions")}
     if rank == 0:
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()

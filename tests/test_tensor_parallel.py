@@ -42,6 +42,6 @@ def result() -> dict:
     return json.loads(outputs[0][0].strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("mode", ["selective", "full"])
+@pytest.mark.parametrize("mode", ["selective", "full", "regions"])
 def test_training_matches_no_checkpointing_exactly(result, mode):
     assert result[mode] == result["none"]

@@ -51,6 +51,8 @@ def train(mode: str, mesh) -> dict:
         sac2.apply_ac(model, "selective", policy=[aten.mm.default])
     elif mode == "full":
         sac2.apply_ac(model, "full")
+    elif mode == "regions":  # the tensor-parallel Linears' calls made regions and saved
+        sac2.apply_ac(model, "regions", save=["linear"])
     for block in model.layers:
         fully_shard(block, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
@@ -71,7 +73,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (1, dist.get_world_size()), mesh_dim_names=("dp", "tp"))
-    result = {mode: train(mode, mesh) for mode in ("none", "selective", "full")}
+    result = {mode: train(mode, mesh) for mode in ("none", "selective", "full", "regions")}
     if dist.get_rank() == 0:
         print(json.dumps(result), flush=True)
     dist.destroy_process_group()
