@@ -179,9 +179,10 @@ def _run(
     if kwargs and not _OPTIONS.isdisjoint(kwargs):  # the decorator form passes them to the function, as torch's does
         function, kwargs = functools.partial(function, **kwargs), {}
     full = context_fn is _compat.noop_context_fn
-    if full:
-        count_forward()  # full AC through sac2: counted, so a check that sac2 runs holds for it too
-    if use_reentrant or torch.compiler.is_compiling():
+    compiling = torch.compiler.is_compiling()
+    if full and not compiling:  # compiled full AC is torch's HOP alone; counting there would make dynamo guard
+        count_forward()  # on the counter's value and recompile at every step
+    if use_reentrant or compiling:
         return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), preserve_rng_state, context_fn,
                                  determinism_check, debug, early_stop, respect_saved_tensors_hooks)
     hooks = None if full else _compat.user_saved_tensors_hooks()

@@ -185,7 +185,11 @@ def op_list_bad_item(op: object) -> str:
 
 
 def not_a_policy(value: object) -> str:
-    return f"sac2: expected a policy function or a list of ops, got {type(value).__name__}."
+    """Led by torch's own words for this error, which code may match."""
+    return (
+        f"policy_fn_or_list must be either a function or a list of ops. Got {type(value).__name__}: pass a "
+        f"policy function, a sac2 policy or a list such as [torch.ops.aten.mm.default]."
+    )
 
 
 def recompute_linears_not_linear(fqn: str, name: str, module: object) -> str:

@@ -30,7 +30,8 @@ def count_forward() -> None:
 
 def forward_count() -> int:
     """How many checkpointed forwards sac2 has run (or traced for torch.compile) in this process: forwards of its
-    selective contexts, and ``sac2.checkpoint`` calls without a ``context_fn`` (full AC).
+    selective contexts, and eager ``sac2.checkpoint`` calls without a ``context_fn`` (full AC; under torch.compile
+    full AC is torch's own checkpoint operator with nothing of sac2 in it, and does not count).
 
     A check that sac2, not torch's SAC, is doing the work: read it before and after a step.
     """

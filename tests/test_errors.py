@@ -74,7 +74,7 @@ class TestPolicyValidation(TestCase):
     def test_non_callable_non_list_policy(self) -> None:
         with self.assertRaises(TypeError) as cm:
             sac2.create_selective_checkpoint_contexts(aten.mm.default.name())
-        self.assertExpectedInline(str(cm.exception), """sac2: expected a policy function or a list of ops, got str.""")
+        self.assertExpectedInline(str(cm.exception), """policy_fn_or_list must be either a function or a list of ops. Got str: pass a policy function, a sac2 policy or a list such as [torch.ops.aten.mm.default].""")  # noqa: E501
 
     def _forward_error(self, value: Any) -> str:
         with self.assertRaises(TypeError) as cm:

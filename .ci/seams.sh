@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# CI step: the seam matrix (tests/seams) with SAC2_SEAMS=ci: every valid route x policy x backward cell in eager
+# and aot_eager (where sac2's modes run and tag what the partitioner sees), and a pairwise cover of what only
+# inductor, fullgraph and dynamic=True add. On torch 2.13 with the client frameworks, so the transformers and
+# torchtitan routes run too (build/clients-venv, made by .ci/clients.sh), then on torch 2.15 (build/torch215-venv,
+# made by .ci/torch215.sh), each under its own time limit. Run from a clean clone's root after those two steps;
+# exits non-zero when a venv is missing or either run fails. The default suite runs the pairwise slice.
+# SAC2_SEAMS=full (all 1,580 valid cells, an estimated 50 minutes per torch on 2 cores) runs alone: SEAMS_MODE=full.
+# Limits in seconds: SEAMS_LIMIT_213, SEAMS_LIMIT_215. Extra pytest arguments: $SEAMS_PYTEST_ARGS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CLIENTS_VENV="${CLIENTS_VENV:-build/clients-venv}"
+TORCH215_VENV="${TORCH215_VENV:-build/torch215-venv}"
+
+for venv in "$CLIENTS_VENV:.ci/clients.sh" "$TORCH215_VENV:.ci/torch215.sh"; do
+    if [ ! -x "${venv%%:*}/bin/python" ]; then
+        echo "seams: ${venv%%:*} is missing; run bash ${venv##*:} first (it creates it)." >&2
+        exit 2
+    fi
+done
+
+run() {  # run NAME VENV LIMIT: the selected cells on VENV's torch under LIMIT seconds
+    local name=$1 venv=$2 limit=$3 start=$SECONDS
+    echo "--- seams, SAC2_SEAMS=${SEAMS_MODE:-ci}, $name (limit ${limit} s) ---"
+    # shellcheck disable=SC2086
+    SAC2_SEAMS="${SEAMS_MODE:-ci}" timeout "$limit" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/seams \
+        ${SEAMS_PYTEST_ARGS:-}
+    echo "--- seams, $name: ok in $((SECONDS - start)) s ---"
+}
+
+run "torch 2.13 + transformers + torchtitan" "$CLIENTS_VENV" "${SEAMS_LIMIT_213:-1200}"
+run "torch 2.15" "$TORCH215_VENV" "${SEAMS_LIMIT_215:-1200}"

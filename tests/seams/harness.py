@@ -1,0 +1,475 @@
+"""How one seam cell runs: the models, each route, policy, execution and backward style, and the reference.
+
+A cell builds its problem (a model, its inputs, its loss, the leaves whose gradients are compared), applies its
+policy and route, compiles per its execution, runs its backward style and returns the loss and every gradient,
+to compare with the same backward style run without checkpointing. The rules for what a cell must do live in
+``tests/seams/matrix.py``; this module only knows how.
+
+Cells sharing a (route, execution, policy) reuse one setup, one after another (``matrix.selected()`` orders
+them so): the model is built, wrapped and compiled once and each backward style is a step on it, as training
+runs several steps (compiled backward styles that keep the graph get a setup of their own: ``_key``). A compiled
+setup runs one warm-up step when built (compiling forward and backward); the step a cell checks must then not
+compile again, and no graph may break (as under fullgraph).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch._functorch.config
+import torch._inductor.config
+import torch.nn.functional as F
+import torch.utils.checkpoint as tuc
+from torch import nn
+from torch._dynamo.utils import counters
+
+import sac2
+from sac2.answers import CheckpointPolicy
+from sac2.model_regions import make_regions
+
+from . import torch_style
+from .matrix import LIBRARY, Cell
+
+__all__ = ["Problem", "problem", "reference", "run_cell", "close"]
+
+aten = torch.ops.aten
+MATMULS = (aten.mm.default, aten.addmm.default, aten.bmm.default)
+D, T, B = 8, 4, 2  # tiny: inductor compiles C++ per kernel on CPU; the seams are in the structure, not the size
+
+
+# ---- the small model ----
+
+
+class RMSNorm(nn.Module):
+    """Written out (pow, mean, rsqrt), so it has a double backward on every torch."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class Attention(nn.Module):
+    """Single-head softmax attention written out (bmm, amax, exp, sum, div, bmm). No parameters and a class name
+    ending in ``Attention``: ``make_regions``'s ``"attention"`` makes its calls regions."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        e = (s - s.amax(-1, keepdim=True)).exp()
+        return (e / e.sum(-1, keepdim=True)) @ v
+
+
+class Block(nn.Module):
+    """Pre-norm attention (bias-free Linears: mm) and a GELU-tanh MLP (Linears with bias: addmm), residuals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = RMSNorm(D)
+        self.qkv = nn.Linear(D, 3 * D, bias=False)
+        self.attention = Attention()
+        self.out = nn.Linear(D, D, bias=False)
+        self.up = nn.Linear(D, 2 * D)
+        self.down = nn.Linear(2 * D, D)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.norm(x)).chunk(3, -1)
+        x = x + self.out(self.attention(q, k, v))
+        return x + self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Net(nn.Module):
+    """Two blocks in ``layers``; ``call(layer, x)``, when set, is how the model calls each block (the function
+    routes checkpoint through it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x) if self.call is None else self.call(layer, x)
+        return x
+
+
+def _small_loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).pow(2).mean()
+
+
+def _hf_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+
+def _titan_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(ids[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+# ---- problems ----
+
+
+@dataclass
+class Problem:
+    """A model, the inputs of its loss, the leaves whose gradients are compared (named), its blocks and the
+    Linear that ``compose``'s ``recompute_linears`` names; ``profile`` is (function, inputs) of one block for a
+    memory budget."""
+
+    kind: str
+    model: nn.Module
+    inputs: tuple
+    loss: Callable[..., torch.Tensor]
+    names: list[str]
+    leaves: list[torch.Tensor]
+    blocks: list[tuple[str, nn.Module]]
+    linear: str
+    profile: Callable[[], tuple[Callable, tuple]]
+
+
+def _small() -> Problem:
+    torch.manual_seed(0)
+    model = Net()
+    x = torch.randn(B, T, D, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    named = list(model.named_parameters())
+    layer0 = model.layers[0]
+    return Problem("small", model, (x,), _small_loss, ["input"] + [n for n, _ in named], [x] + [p for _, p in named],
+                   [(f"layers.{i}", m) for i, m in enumerate(model.layers)], "down", lambda: (layer0, (x,)))
+
+
+def _hf() -> Problem:
+    pytest.importorskip(LIBRARY["hf"])
+    from clients import tiny_llama, tokens
+
+    model = tiny_llama()
+    model.config.use_cache = False
+    model.train()
+    layers = model.model.layers
+    named = list(model.named_parameters())
+
+    def profile() -> tuple[Callable, tuple]:
+        """The first decoder layer and its arguments, as a forward of the model calls it."""
+        seen: dict[str, Any] = {}
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            seen.update(args=args, kwargs=kwargs)
+
+        handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+        with torch.no_grad():
+            _hf_loss(model, ids)
+        handle.remove()
+        args = tuple(a.detach().requires_grad_() if isinstance(a, torch.Tensor) else a for a in seen["args"])
+        return functools.partial(layers[0], **seen["kwargs"]), args
+
+    ids = tokens()
+    return Problem("hf", model, (ids,), _hf_loss, [n for n, _ in named], [p for _, p in named],
+                   [(f"model.layers.{i}", m) for i, m in enumerate(layers)], "mlp.down_proj", profile)
+
+
+def _titan() -> Problem:
+    pytest.importorskip(LIBRARY["torchtitan"])
+    from clients import tokens
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import llama3_configs
+
+    # the llama3 debug model, its first two blocks, SDPA (as tests/clients/test_torchtitan.py builds it)
+    config = llama3_configs["debugmodel"](attn_backend="flex")
+    config.layers = config.layers[:2]
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    model = config.build()
+    torch.manual_seed(0)
+    model.init_weights()
+    model.train()
+    named = list(model.named_parameters())
+    ids = tokens(vocab=config.vocab_size, seq=9)
+    return Problem("torchtitan", model, (ids,), _titan_loss, [n for n, _ in named], [p for _, p in named],
+                   [(f"layers.{n}", m) for n, m in model.layers.named_children()], "feed_forward.w2",
+                   lambda: pytest.fail("no budget on the torchtitan route"))
+
+
+_PROBLEMS = {"hf": _hf, "torchtitan": _titan}
+
+
+def problem(route: str) -> Problem:
+    return _PROBLEMS.get(route, _small)()
+
+
+# ---- policies ----
+
+
+def _save_matmuls_and_gelu(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    if op in MATMULS or op is aten.gelu.default:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _offload_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_CPU_OFFLOAD if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def make_policy(kind: str, p: Problem) -> Any:
+    """The policy of ``kind`` for problem ``p`` (None for full AC). ``regions`` makes the blocks' attention and
+    Linear calls regions in place and returns their ``Region``s."""
+    if kind == "full":
+        return None
+    if kind == "op_list":
+        return list(MATMULS)
+    if kind == "policy_fn":
+        return _save_matmuls_and_gelu
+    if kind == "llm":
+        return sac2.policies.llm()
+    if kind == "every_other_matmul":
+        return sac2.policies.every_other_matmul()
+    if kind == "torchtitan":
+        return sac2.policies.torchtitan(p.model)
+    if kind == "compose":
+        return sac2.policies.compose(sac2.policies.recompute_linears(p.model, [p.linear]), sac2.policies.llm())
+    if kind == "budget":
+        fn, inputs = p.profile()
+        return sac2.policies.memory_budget(fn, inputs, 0.5, cost="flops")
+    if kind == "regions":
+        return make_regions(p.model, p.blocks, ["attention", "linear"])
+    if kind == "offload":
+        return _offload_matmuls
+    raise AssertionError(kind)
+
+
+def _context(policy: Any, plain: bool) -> dict[str, Any]:
+    """sac2's checkpoint keyword arguments for ``policy`` (none for full AC): a partial, or a plain function when
+    ``plain`` (``matrix.Cell.plain_context_fn``)."""
+    if policy is None:
+        return {}
+    if plain:
+        return {"context_fn": lambda: sac2.create_selective_checkpoint_contexts(policy)}
+    return {"context_fn": functools.partial(sac2.create_selective_checkpoint_contexts, policy)}
+
+
+def _torch_context(policy: Any, plain: bool) -> dict[str, Any]:
+    """As ``_context``, through torch's ``create_selective_checkpoint_contexts`` looked up as an attribute."""
+    if policy is None:
+        return {}
+    if plain:
+        return {"context_fn": lambda: tuc.create_selective_checkpoint_contexts(policy)}
+    return {"context_fn": functools.partial(tuc.create_selective_checkpoint_contexts, policy)}
+
+
+def _torch_call(kwargs: dict[str, Any], layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """torch's checkpoint looked up as an attribute at call time (the install_attr route)."""
+    return tuc.checkpoint(layer, x, use_reentrant=False, **kwargs)
+
+
+# ---- routes ----
+
+
+def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None:
+    """Checkpoint ``p``'s blocks by the cell's route with its policy; the installation to undo, if any."""
+    route, kind, plain, model = cell.route, cell.policy, cell.plain_context_fn, p.model
+    if route == "torchtitan":
+        from torchtitan.distributed import activation_checkpoint as tt_ac
+
+        from sac2.integrations.torchtitan import apply_ac
+
+        config = tt_ac.FullAC.Config() if kind == "full" else tt_ac.SelectiveAC.Config()
+        apply_ac(config, model)
+        return None
+    if route == "apply_ac":
+        if kind == "full":
+            sac2.apply_ac(model, "full")
+        elif kind == "regions":
+            sac2.apply_ac(model, "regions", save=["attention", "linear"])
+        else:
+            sac2.apply_ac(model, "selective", policy=make_policy(kind, p))
+        return None
+    policy = make_policy(kind, p)
+    installation = None
+    if route in ("install_import", "install_attr", "torch_wrapper") or (route == "hf" and policy is None):
+        installation = sac2.install()
+    # Each context_fn is made once, here, as users make it: dynamo takes a partial made inside compiled code, but
+    # not a function defined there ("checkpoint not implemented for NestedUserFunctionVariable").
+    if route == "checkpoint":
+        kwargs = _context(policy, plain)
+        model.call = lambda layer, x: sac2.checkpoint(layer, x, **kwargs)
+    elif route == "install_import":
+        model.call = functools.partial(torch_style.call, torch_style.context(policy, plain))
+    elif route == "install_attr":
+        model.call = functools.partial(_torch_call, _torch_context(policy, plain))
+    elif route == "wrapper":
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = sac2.checkpoint_wrapper(layer, **_context(policy, plain))
+    elif route == "apply_activation_checkpointing":
+        wrapper = functools.partial(sac2.checkpoint_wrapper, **_context(policy, plain))
+        sac2.apply_activation_checkpointing(model, wrapper, check_fn=lambda m: isinstance(m, Block))
+    elif route == "torch_wrapper":
+        kwargs = torch_style.context(policy, plain)
+        model.layers[0] = torch_style.wrap(kwargs, model.layers[0], with_class=False)
+        model.layers[1] = torch_style.wrap(kwargs, model.layers[1], with_class=True)
+    elif route == "hf":  # docs/huggingface.md: route 1 (a sac2 context_fn), full AC by route 3 (install)
+        kwargs = {"use_reentrant": False, **_context(policy, plain)}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise AssertionError(route)
+    return installation
+
+
+# ---- executions ----
+
+_COMPILE = {
+    "aot_eager": dict(backend="aot_eager"),
+    "inductor": {},
+    "fullgraph": dict(backend="aot_eager", fullgraph=True),
+    "dynamic": dict(backend="aot_eager", dynamic=True),
+}
+
+
+# ---- backward styles ----
+
+
+def run_backward(style: str, step: Callable[[], torch.Tensor], names: list[str],
+                 leaves: list[torch.Tensor]) -> dict[str, torch.Tensor | None]:
+    """One step in ``style``: the loss and each leaf's ``.grad`` (and, for double backward, the first-order
+    gradients the second backward went through)."""
+    for leaf in leaves:
+        leaf.grad = None
+    loss = step()
+    result: dict[str, torch.Tensor | None] = {"loss": loss.detach()}
+    if style == "once":
+        loss.backward()
+    elif style == "retain_twice":
+        loss.backward(retain_graph=True)
+        loss.backward()
+    elif style == "double":
+        first = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
+        result.update({f"d/{n}": None if g is None else g.detach() for n, g in zip(names, first, strict=True)})
+        sum(g.pow(2).sum() for g in first if g is not None).backward()
+    elif style == "inputs":
+        loss.backward(inputs=leaves[::2])
+    else:
+        raise AssertionError(style)
+    result.update({f"grad/{n}": leaf.grad for n, leaf in zip(names, leaves, strict=True)})
+    return result
+
+
+@functools.lru_cache(maxsize=None)
+def reference(kind_route: str, style: str) -> dict[str, torch.Tensor | None]:
+    """What ``style`` gives without any checkpointing, in eager, on the problem of ``kind_route``."""
+    p = problem(kind_route)
+    return run_backward(style, lambda: p.loss(p.model, *p.inputs), p.names, p.leaves)
+
+
+# ---- setups, reused by consecutive cells ----
+
+
+@dataclass
+class Setup:
+    key: tuple[str, ...]
+    problem: Problem | None = None
+    step: Callable[[], torch.Tensor] | None = None
+    installation: Any = None
+    error: BaseException | None = None
+    warm_count: int = 0  # forward_count's move over the warm-up step (compiled setups)
+
+
+_current: Setup | None = None
+
+
+def close() -> None:
+    """Undo the current setup (its installation) and forget it."""
+    global _current
+    if _current is not None and _current.installation is not None:
+        _current.installation.uninstall()
+    _current = None
+
+
+def _kept(cell: Cell) -> bool:
+    """Whether a compiled cell's backward keeps its graph (retain_graph, create_graph)."""
+    return cell.compiled and cell.backward in ("retain_twice", "double")
+
+
+def _key(cell: Cell) -> tuple[str, ...]:
+    """What a setup is shared by. A compiled backward that keeps its graph runs without donated buffers
+    (``matrix``'s no_donated_buffers rule), which is decided when it compiles: those cells share their own setup."""
+    return (cell.route, cell.execution, cell.policy, "kept" if _kept(cell) else "plain")
+
+
+def _build(cell: Cell) -> Setup:
+    setup = Setup(_key(cell))
+    torch._dynamo.reset()
+    counters.clear()
+    p = setup.problem = problem(cell.route)
+    try:
+        setup.installation = apply_route(cell, p)
+        loss = p.loss
+        if cell.compiled:
+            loss = torch.compile(loss, **_COMPILE[cell.execution])
+        setup.step = lambda: loss(p.model, *p.inputs)
+        if cell.compiled:  # warm up: compile forward and backward, in a backward style that succeeds
+            before = sac2.forward_count()
+            run_backward("retain_twice" if _kept(cell) else "once", setup.step, p.names, p.leaves)
+            setup.warm_count = sac2.forward_count() - before
+    except Exception as error:  # every cell of this setup reports it
+        setup.error = error
+    return setup
+
+
+def setup_for(cell: Cell) -> Setup:
+    global _current
+    if _current is None or _current.key != _key(cell):
+        close()
+        _current = _build(cell)
+    if _current.error is not None:
+        raise _current.error
+    return _current
+
+
+def compare(got: dict, want: dict, exact: bool) -> None:
+    """Every entry equal: bitwise when ``exact``, else within float32 tolerances (compiled code reorders sums)."""
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        if value is None:
+            assert got[name] is None, f"{name}: expected no gradient, got one"
+            continue
+        assert got[name] is not None, f"{name}: no gradient"
+        if exact:
+            diff = (got[name] - value).abs().max().item()
+            assert torch.equal(got[name], value), f"{name} differs from no checkpointing (max abs diff {diff:.3g})"
+        else:
+            torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def run_cell(cell: Cell) -> None:
+    """Run ``cell`` and check it: the loss and every gradient as without checkpointing, or the error its rule
+    names; sac2 ran (``forward_count`` moved, in a compiled setup while it compiled); compiled, no graph break
+    and no compile again on a later step; no dispatch mode left behind."""
+    functorch = {"donated_buffer": False} if cell.without_donated_buffers else {}
+    inductor = {"fx_graph_cache": False} if cell.without_fx_graph_cache else {}
+    with torch._functorch.config.patch(**functorch), torch._inductor.config.patch(**inductor):
+        _run_cell(cell)
+
+
+def _run_cell(cell: Cell) -> None:
+    setup = setup_for(cell)
+    p = setup.problem
+    assert p is not None and setup.step is not None
+    before, graphs = sac2.forward_count(), counters["stats"]["unique_graphs"]
+    expected = cell.expected_error
+    if expected is not None:
+        with pytest.raises(RuntimeError, match=expected.match):
+            run_backward(cell.backward, setup.step, p.names, p.leaves)
+    else:
+        got = run_backward(cell.backward, setup.step, p.names, p.leaves)
+        want = reference(cell.route if cell.route in LIBRARY else "small", cell.backward)
+        compare(got, want, exact=not cell.compiled)
+    assert not torch._C._len_torch_dispatch_stack(), "a dispatch mode was left on the stack"
+    if cell.counts:
+        moved = setup.warm_count if cell.compiled else sac2.forward_count() - before
+        assert moved > 0, "sac2.forward_count() did not move: sac2 did not run this checkpoint"
+    if cell.compiled:
+        breaks = dict(counters["graph_break"])
+        assert not breaks, f"graph breaks: {breaks}"
+        assert counters["stats"]["unique_graphs"] == graphs, "a later step compiled again"

@@ -1,0 +1,252 @@
+"""The seam matrix: its dimensions, the one table of rules that says which cells are meaningful and what each
+must do, and the cells the suite runs (a pairwise covering design by default, the full product on request).
+
+A cell is one (route, execution, policy, backward) combination; its id is ``route-execution-policy-backward``.
+Every rule is here, with its reason in words: which combinations are excluded, which end in an error torch
+documents, where ``sac2.forward_count()`` cannot move because sac2 is not in the path, and which cells are known
+sac2 bugs (``pytest.mark.xfail(strict=True)`` until fixed). ``tests/seams/harness.py`` only runs a cell.
+
+``SAC2_SEAMS=full`` selects every valid cell; by default a pairwise covering design: every pair of values of any
+two dimensions that some valid cell has appears in at least one selected cell (``test_seams.py`` checks it).
+``SAC2_SEAMS=ci`` is the full product for eager and aot_eager and pairwise for the other executions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+__all__ = [
+    "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "DIMENSIONS", "COMPILED", "Cell", "Rule", "RULES", "BUGS",
+    "LIBRARY", "CI_FULL", "product", "valid_cells", "pairs_of", "pairwise", "trimmed", "selected", "bug_of",
+]
+
+# ---- the dimensions ----
+
+ROUTES = (
+    "checkpoint",  # sac2.checkpoint(block, x, context_fn=...)
+    "install_import",  # torch's names bound at import by a client module, called under sac2.install()
+    "install_attr",  # torch.utils.checkpoint.checkpoint(...) looked up as an attribute, under sac2.install()
+    "wrapper",  # sac2.checkpoint_wrapper
+    "apply_activation_checkpointing",  # sac2.apply_activation_checkpointing
+    "torch_wrapper",  # torch's checkpoint_wrapper (block 0) and CheckpointWrapper (block 1), under sac2.install()
+    "apply_ac",  # sac2.apply_ac(model, mode=...)
+    "hf",  # transformers: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)
+    "torchtitan",  # sac2.integrations.torchtitan.apply_ac(FullAC / SelectiveAC config, model)
+)
+EXECUTIONS = ("eager", "aot_eager", "inductor", "fullgraph", "dynamic")
+POLICIES = (
+    "full",  # no context_fn: full activation checkpointing
+    "op_list",  # [aten.mm, aten.addmm, aten.bmm]
+    "policy_fn",  # a plain policy function
+    "llm",  # sac2.policies.llm()
+    "every_other_matmul",  # sac2.policies.every_other_matmul()
+    "torchtitan",  # sac2.policies.torchtitan(model); torchtitan's own SelectiveAC on the torchtitan route
+    "compose",  # compose(recompute_linears(model, [...]), llm())
+    "budget",  # sac2.policies.memory_budget(block, inputs, 0.5, cost="flops"), profiled in eager
+    "regions",  # a save list of only sac2.Regions (the model's calls made regions)
+    "offload",  # MUST_CPU_OFFLOAD for matmuls
+)
+BACKWARDS = (
+    "once",  # loss.backward()
+    "retain_twice",  # loss.backward(retain_graph=True) twice
+    "double",  # torch.autograd.grad(create_graph=True), then backward through the gradients
+    "inputs",  # loss.backward(inputs=[every other leaf])
+)
+DIMENSIONS = {"route": ROUTES, "execution": EXECUTIONS, "policy": POLICIES, "backward": BACKWARDS}
+COMPILED = frozenset(EXECUTIONS) - {"eager"}
+
+#: The library a route needs; its cells skip (pytest.importorskip, naming it) where it is not installed.
+LIBRARY = {"hf": "transformers", "torchtitan": "torchtitan"}
+
+#: Rough relative cost of a value, used only to break ties when the pairwise design picks between cells that
+#: cover as many new pairs: the cheaper cell wins, so the default suite compiles no more than coverage needs.
+_COST = {"aot_eager": 1, "fullgraph": 1, "dynamic": 3, "inductor": 4, "hf": 2, "torchtitan": 3}
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    route: str
+    execution: str
+    policy: str
+    backward: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.route}-{self.execution}-{self.policy}-{self.backward}"
+
+    @property
+    def compiled(self) -> bool:
+        return self.execution in COMPILED
+
+    def value(self, dimension: str) -> str:
+        return getattr(self, dimension)
+
+    @property
+    def expected_error(self) -> Rule | None:
+        """The ``error`` rule this cell must end in (its ``match`` is a regex on the message), or None."""
+        return next((r for r in RULES if r.kind == "error" and r.when(self)), None)
+
+    @property
+    def counts(self) -> bool:
+        """Whether sac2's ``forward_count()`` must move: sac2 is in this cell's path."""
+        return not any(r.kind == "not_sac2" and r.when(self) for r in RULES)
+
+    @property
+    def without_donated_buffers(self) -> bool:
+        """Whether the cell runs with ``torch._functorch.config.donated_buffer=False``."""
+        return any(r.kind == "no_donated_buffers" and r.when(self) for r in RULES)
+
+    @property
+    def without_fx_graph_cache(self) -> bool:
+        """Whether the cell compiles with inductor's FX graph cache off."""
+        return any(r.kind == "no_fx_graph_cache" and r.when(self) for r in RULES)
+
+    @property
+    def plain_context_fn(self) -> bool:
+        """Whether the harness passes the policy in a plain function rather than a ``functools.partial``."""
+        return any(r.kind == "plain_context_fn" and r.when(self) for r in RULES)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``kind``: ``exclude`` (the cell is not meaningful and is not generated), ``error`` (the cell must raise an
+    error matching ``match``), ``not_sac2`` (sac2 is not in the path: forward_count is not checked),
+    ``plain_context_fn`` (the documented way to pass this policy is a plain function, not a partial),
+    ``no_donated_buffers`` (the cell compiles and runs with ``torch._functorch.config.donated_buffer=False``),
+    ``no_fx_graph_cache`` (the cell compiles with inductor's FX graph cache off)."""
+
+    kind: str
+    text: str
+    when: Callable[[Cell], bool]
+    match: str = ""
+
+
+_SMALL_MODEL_ROUTES = frozenset(ROUTES) - {"hf", "torchtitan"}
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "exclude",
+        "torchtitan's apply_ac takes torchtitan's AC config, which has no context_fn: the route only runs full AC "
+        "(FullAC) and torchtitan's own selective policy (SelectiveAC, the 'torchtitan' policy).",
+        lambda c: c.route == "torchtitan" and c.policy not in ("full", "torchtitan"),
+    ),
+    Rule(
+        "exclude",
+        "The tiny Llama and torchtitan's debug model attend with SDPA, whose CPU kernel "
+        "(_scaled_dot_product_flash_attention_for_cpu) has no double backward: the un-checkpointed reference raises "
+        "too, so there is nothing to compare with.",
+        lambda c: c.route in LIBRARY and c.backward == "double",
+    ),
+    Rule(
+        "error",
+        "Double backward under torch.compile is unsupported by torch.compile itself: AOTAutograd's compiled backward "
+        "is not differentiable, and the second backward raises whether or not anything is checkpointed.",
+        lambda c: c.compiled and c.backward == "double",
+        match="torch.compile with aot_autograd does not currently support double backward",
+    ),
+    Rule(
+        "no_donated_buffers",
+        "A compiled backward that donates buffers refuses retain_graph=True and create_graph=True, whatever is "
+        "checkpointed; torch's error says to set torch._functorch.config.donated_buffer=False, as a user must: these "
+        "cells compile and run with it off (whether a backward donates depends on what the policy saves).",
+        lambda c: c.compiled and c.backward in ("retain_twice", "double"),
+    ),
+    Rule(
+        "no_fx_graph_cache",
+        "torch bug, reproduced without checkpointing: inductor's FX graph cache key ignores donated_buffer, so a "
+        "backward compiled and cached with donated buffers (by a once/inputs cell) is served to a compile with "
+        "donated_buffer=False, and backward(retain_graph=True) twice then gives wrong gradients, silently. These "
+        "cells compile with the FX graph cache off (torch._inductor.config.fx_graph_cache=False).",
+        lambda c: c.execution == "inductor" and c.backward in ("retain_twice", "double"),
+    ),
+    Rule(
+        "not_sac2",
+        "Full AC under torch.compile is torch's own checkpoint operator on every route: dynamo turns the call "
+        "into its tag_activation_checkpoint HOP, and with no context_fn there are no modes; sac2.checkpoint hands "
+        "it over uncounted (a counter dynamo traced would be guarded on and recompile every step).",
+        lambda c: c.compiled and c.policy == "full",
+    ),
+    Rule(
+        "plain_context_fn",
+        "Under torch.compile a save list of sac2.Regions goes to checkpoint in a plain function "
+        "(lambda: create_selective_checkpoint_contexts(regions)), not a functools.partial: docs/compiled.md says "
+        "dynamo cannot read a list policy a partial holds (for Regions it cannot: 'Not a Python constant'). Where "
+        "the user builds the context_fn; sac2.apply_ac builds its own.",
+        lambda c: c.compiled and c.policy == "regions" and c.route not in ("apply_ac", "torchtitan"),
+    ),
+)
+
+#: Known sac2 bugs: (predicate, reason). Their cells are marked xfail(strict=True) until fixed.
+BUGS: tuple[tuple[Callable[[Cell], bool], str], ...] = (
+)
+
+
+def bug_of(cell: Cell) -> str | None:
+    return next((reason for when, reason in BUGS if when(cell)), None)
+
+
+# ---- the cells ----
+
+
+def product() -> list[Cell]:
+    return [Cell(*values) for values in itertools.product(*DIMENSIONS.values())]
+
+
+def valid_cells() -> list[Cell]:
+    excluded = [r for r in RULES if r.kind == "exclude"]
+    return [c for c in product() if not any(r.when(c) for r in excluded)]
+
+
+def pairs_of(cell: Cell) -> set[tuple[str, str, str, str]]:
+    """The (dimension, value, dimension, value) pairs a cell covers."""
+    names = list(DIMENSIONS)
+    return {(a, cell.value(a), b, cell.value(b)) for a, b in itertools.combinations(names, 2)}
+
+
+def _cost(cell: Cell) -> int:
+    return sum(_COST.get(cell.value(d), 0) for d in DIMENSIONS)
+
+
+def pairwise(cells: list[Cell], covered: frozenset = frozenset()) -> list[Cell]:
+    """A pairwise covering design over ``cells``: greedily (deterministic) take the cell covering the most pairs not
+    yet covered, the cheaper one on a tie, then the first in product order, until every pair some cell has is
+    (``covered``: pairs other cells cover already)."""
+    pool = {c: (pairs_of(c), _cost(c)) for c in cells}
+    uncovered = set().union(*(pairs for pairs, _ in pool.values())) - covered
+    chosen: list[Cell] = []
+    while uncovered:
+        best = max(pool, key=lambda c: (len(pool[c][0] & uncovered), -pool[c][1]))
+        uncovered -= pool.pop(best)[0]
+        chosen.append(best)
+    return sorted(chosen)
+
+
+#: ``SAC2_SEAMS=ci``: every cell of these executions, and the pairwise design for the others.
+CI_FULL = ("eager", "aot_eager")
+
+
+def trimmed(cells: list[Cell]) -> list[Cell]:
+    """The ``ci`` selection: the full product of ``CI_FULL``'s executions (sac2's own compiled path, the modes
+    tagging nodes for the partitioner, on every route, policy and backward), plus pairwise cover of the pairs only
+    the other executions have (inductor's code generation, fullgraph, symbolic shapes)."""
+    base = [c for c in cells if c.execution in CI_FULL]
+    covered = frozenset().union(*(pairs_of(c) for c in base))
+    return sorted(base + pairwise([c for c in cells if c.execution not in CI_FULL], covered))
+
+
+def selected() -> list[Cell]:
+    """The cells this run checks (``SAC2_SEAMS``): ``full``, every valid cell; ``ci``, ``trimmed``; by default
+    the pairwise set. Sorted, so that the cells sharing a (route, execution, policy) run one after another
+    (``harness`` reuses its setup)."""
+    cells = valid_cells()
+    mode = os.environ.get("SAC2_SEAMS", "pairwise")
+    if mode == "full":
+        return sorted(cells)
+    if mode == "ci":
+        return trimmed(cells)
+    if mode == "pairwise":
+        return pairwise(cells)
+    raise ValueError(f"SAC2_SEAMS={mode!r}: expected 'pairwise' (the default), 'ci' or 'full'.")
