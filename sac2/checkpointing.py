@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, TypedDict, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, TypeVar, overload
 
 import torch
 import torch.utils.checkpoint as _tuc
@@ -31,16 +31,10 @@ T = TypeVar("T")
 ContextFn = _compat.ContextFn
 
 
-class _Options(TypedDict):
-    """``checkpoint``'s own keyword options, bound by its decorator form."""
+class _Options(_compat.FrameOptions):
+    """``checkpoint``'s own keyword options, bound by its decorator form: the frame's, and ``use_reentrant``."""
 
     use_reentrant: bool | None
-    preserve_rng_state: bool
-    context_fn: ContextFn
-    determinism_check: str
-    debug: bool
-    early_stop: bool
-    respect_saved_tensors_hooks: bool | None
 
 
 def create_selective_checkpoint_contexts(
@@ -152,10 +146,7 @@ class _Checkpointed:
 
 
 #: torch's checkpoint parameters, which a function's own keyword arguments must not be confused with.
-_OPTIONS = frozenset(
-    ("use_reentrant", "preserve_rng_state", "context_fn", "determinism_check", "debug", "early_stop",
-     "respect_saved_tensors_hooks")
-)
+_OPTIONS = frozenset(_Options.__annotations__)
 #: torch 2.14+ takes ``respect_saved_tensors_hooks`` (for its own SAC modes); torch 2.13 would hand it to the
 #: checkpointed function as a keyword argument.
 _TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(_tuc.checkpoint).parameters
