@@ -190,5 +190,7 @@ def test_compiled_apply_ac_matches_compiled_no_ac(compiled_no_ac, mode):
     model = tiny_llama()
     sac2.apply_ac(model, mode)
     result, forwards = counted(lambda: _compiled_train(model, use_cache=False))
-    assert forwards > 0
+    # compiled full AC is torch's checkpoint operator, with no sac2 mode in it (and not counted: a counter dynamo
+    # traced would be guarded on and recompile every step); a selective one runs sac2's modes while it traces
+    assert (forwards > 0) == (mode == "selective")
     assert_close(result, compiled_no_ac)
