@@ -3,11 +3,13 @@
 Each test module ``pytest.importorskip``s its client, so the default suite, which runs without them, skips these.
 ``.ci/clients.sh`` installs the clients (``pip install -e '.[clients]'``) and runs this folder.
 
-Shared helpers: a tiny random-weight Llama, one fixed token batch, and a two-step SGD loop with fixed seeds.
+Shared helpers: a tiny random-weight Llama, torchtitan's debug models, one fixed token batch, and a two-step SGD
+loop with fixed seeds.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import torch
@@ -35,6 +37,30 @@ def tiny_llama() -> Any:
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
+
+
+#: torchtitan 0.3.0 model -> its configs registry (every one has a ``debugmodel`` flavor)
+TITAN_REGISTRIES = {"llama3": "llama3_configs", "qwen3": "qwen3_configs", "deepseek_v3": "deepseekv3_configs"}
+
+
+def titan_model(name: str = "llama3", layers: int | None = None) -> torch.nn.Module:
+    """torchtitan's debug model ``name`` (its first ``layers`` blocks when given), every block's inner attention
+    set to ScaledDotProductAttention (0.3.0's ``attn_backend="sdpa"`` is refused for language models; the class
+    itself is causal SDPA), the same weights on every call."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    kwargs = {"moe_comm_backend": "standard"} if name == "deepseek_v3" else {}
+    configs = getattr(importlib.import_module(f"torchtitan.models.{name}"), TITAN_REGISTRIES[name])
+    config = configs["debugmodel"](attn_backend="flex", **kwargs)
+    if layers is not None:
+        config.layers = config.layers[:layers]
+    for layer in config.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    model = config.build()
+    torch.manual_seed(0)
+    model.init_weights()
+    return model
 
 
 def hf_loss(model: Any, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:

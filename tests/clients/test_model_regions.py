@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 
 import pytest
 
@@ -29,14 +28,13 @@ pytest.importorskip("torchtitan")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torchtitan.distributed import activation_checkpoint as tt_ac  # noqa: E402
-from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: E402
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 
 import sac2  # noqa: E402
 from sac2.integrations.torchtitan import apply_ac as tt_apply_ac  # noqa: E402
 from sac2.model_regions import region_name_of  # noqa: E402
 
-from . import STEPS, assert_bitwise_equal, assert_close, hf_loss, tokens, train  # noqa: E402
+from . import STEPS, assert_bitwise_equal, assert_close, hf_loss, titan_model, tokens, train  # noqa: E402
 
 HF_LAYERS = 2
 SAVES = {"default": None, "matmuls": ["attention", "linear", "experts"]}
@@ -145,27 +143,7 @@ def test_hf_sdpa_regions_keep_a_padding_mask():
 # --- torchtitan -------------------------------------------------------------------------------------------------
 
 TT_VOCAB = 2048
-TT_MODELS = {  # model -> (configs registry, flavor, blocks)
-    "llama3": ("llama3_configs", "debugmodel", 6),
-    "qwen3": ("qwen3_configs", "debugmodel", 8),
-    "deepseek_v3": ("deepseekv3_configs", "debugmodel", 6),
-}
-
-
-def tt_model(name: str) -> torch.nn.Module:
-    """torchtitan's debug model ``name`` with every block's inner attention set to ScaledDotProductAttention
-    (0.3.0's ``attn_backend="sdpa"`` is refused for language models; the class itself is causal SDPA)."""
-    registry, flavor, _ = TT_MODELS[name]
-    kwargs = {"moe_comm_backend": "standard"} if name == "deepseek_v3" else {}
-    config = getattr(importlib.import_module(f"torchtitan.models.{name}"), registry)[flavor](
-        attn_backend="flex", **kwargs)
-    for layer in config.layers:
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    torch.manual_seed(0)
-    model = config.build()
-    torch.manual_seed(0)
-    model.init_weights()
-    return model
+TT_MODELS = {"llama3": 6, "qwen3": 8, "deepseek_v3": 6}  # model -> blocks
 
 
 def tt_loss(ids: torch.Tensor):
@@ -182,7 +160,7 @@ def tt_train(model: torch.nn.Module):
 
 @functools.cache
 def tt_reference(name: str):
-    return tt_train(tt_model(name))
+    return tt_train(titan_model(name))
 
 
 TT_SAVES = {
@@ -199,8 +177,8 @@ _tt_cases = [
 
 @pytest.mark.parametrize("name,save", _tt_cases)
 def test_torchtitan_regions_train_bitwise_like_no_ac(name, save):
-    model = tt_model(name)
-    blocks = TT_MODELS[name][2]
+    model = titan_model(name)
+    blocks = TT_MODELS[name]
     assert sac2.apply_ac(model, "regions", save=save) == [f"layers.{i}" for i in range(blocks)]
     result, forwards = counted(lambda: tt_train(model))
     assert forwards == blocks * STEPS
@@ -226,7 +204,7 @@ class RegionsAC(tt_ac.ActivationCheckpointing):
                          ids=["llama3-default", "deepseek_v3-grouped_experts"])
 def test_torchtitan_ac_config_class_applies_regions_bitwise_like_no_ac(name, save):
     config = RegionsAC.Config() if save is None else RegionsAC.Config(save=save)
-    model = tt_model(name)
+    model = titan_model(name)
     config.build(dump_folder="").apply(model)  # what torchtitan's parallelize_* functions run
     assert all(isinstance(block, sac2.CheckpointWrapper) for block in model.layers.values())
     result, forwards = counted(lambda: tt_train(model))
@@ -235,7 +213,7 @@ def test_torchtitan_ac_config_class_applies_regions_bitwise_like_no_ac(name, sav
 
 
 def test_torchtitan_ac_config_class_goes_through_sac2s_torchtitan_apply_ac():
-    model = tt_model("llama3")
+    model = titan_model("llama3")
     assert tt_apply_ac(RegionsAC.Config(save=["attention"]), model) == [f"layers.{i}" for i in range(6)]
 
 
@@ -261,9 +239,9 @@ def test_compiled_hf_regions_match_compiled_no_ac():
 
 def test_compiled_torchtitan_regions_match_compiled_no_ac():
     torch._dynamo.reset()
-    reference = tt_train(_compiled(tt_model("llama3")))
+    reference = tt_train(_compiled(titan_model("llama3")))
     torch._dynamo.reset()
-    model = tt_model("llama3")
+    model = titan_model("llama3")
     sac2.apply_ac(model, "regions")
     result = tt_train(_compiled(model))
     assert_close(result, reference)

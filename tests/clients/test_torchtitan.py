@@ -14,29 +14,13 @@ import sac2  # noqa: E402
 from sac2.integrations import install  # noqa: E402
 from sac2.integrations.torchtitan import apply_ac  # noqa: E402
 
-from . import assert_bitwise_equal, tokens, train  # noqa: E402
+from . import assert_bitwise_equal, titan_model, tokens, train  # noqa: E402
 
 VOCAB = 2048
 
 
-def debug_model() -> torch.nn.Module:
-    """torchtitan's llama3 ``debugmodel`` with every block's inner attention set to ScaledDotProductAttention
-    (0.3.0's ``attn_backend="sdpa"`` is refused for language models; the class itself is causal SDPA)."""
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.models.llama3 import llama3_configs
-
-    config = llama3_configs["debugmodel"](attn_backend="flex")
-    for layer in config.layers:
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    torch.manual_seed(0)
-    model = config.build()
-    torch.manual_seed(0)
-    model.init_weights()
-    return model
-
-
 def n_layers() -> int:
-    return len(debug_model().layers)
+    return len(titan_model().layers)
 
 
 def loss_fn(ids: torch.Tensor):
@@ -54,7 +38,7 @@ def ids():
 
 @pytest.fixture(scope="module")
 def no_ac(ids):
-    return train(debug_model(), loss_fn(ids))
+    return train(titan_model(), loss_fn(ids))
 
 
 def full_ac():
@@ -67,7 +51,7 @@ def selective_ac():
 
 @pytest.mark.parametrize("make_ac", [full_ac, selective_ac], ids=["FullAC", "SelectiveAC"])
 def test_apply_ac_wraps_every_block_with_sac2(make_ac):
-    model = debug_model()
+    model = titan_model()
     wrapped = apply_ac(make_ac(), model)
     assert wrapped == [f"layers.{name}" for name in model.layers.keys()]
     assert all(isinstance(block, sac2.CheckpointWrapper) for block in model.layers.values())
@@ -75,14 +59,14 @@ def test_apply_ac_wraps_every_block_with_sac2(make_ac):
 
 @pytest.mark.parametrize("make_ac", [full_ac, selective_ac], ids=["FullAC", "SelectiveAC"])
 def test_apply_ac_trains_bitwise_like_no_ac(no_ac, ids, make_ac):
-    model = debug_model()
+    model = titan_model()
     apply_ac(make_ac(), model)
     assert_bitwise_equal(train(model, loss_fn(ids)), no_ac)
 
 
 @pytest.mark.parametrize("make_ac", [full_ac, selective_ac], ids=["FullAC", "SelectiveAC"])
 def test_apply_ac_runs_sac2_modes_in_every_block_forward(ids, make_ac):
-    model = debug_model()
+    model = titan_model()
     apply_ac(make_ac(), model)
     before = sac2.forward_count()
     train(model, loss_fn(ids))
@@ -92,7 +76,7 @@ def test_apply_ac_runs_sac2_modes_in_every_block_forward(ids, make_ac):
 def test_selective_ac_applied_under_install_keeps_sac2_after_uninstall(ids):
     """SelectiveAC's context_fn looks create_selective_checkpoint_contexts up on every forward; a model wrapped
     while installed still runs sac2's modes after uninstall()."""
-    model = debug_model()
+    model = titan_model()
     with install():
         selective_ac().apply(model)
     assert tt_ac.create_selective_checkpoint_contexts is torch.utils.checkpoint.create_selective_checkpoint_contexts

@@ -172,22 +172,12 @@ def _hf() -> Problem:
 
 def _titan() -> Problem:
     pytest.importorskip(LIBRARY["torchtitan"])
-    from clients import tokens
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-    from torchtitan.models.llama3 import llama3_configs
+    from clients import titan_model, tokens
 
-    # the llama3 debug model, its first two blocks, SDPA (as tests/clients/test_torchtitan.py builds it)
-    config = llama3_configs["debugmodel"](attn_backend="flex")
-    config.layers = config.layers[:2]
-    for layer in config.layers:
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    torch.manual_seed(0)
-    model = config.build()
-    torch.manual_seed(0)
-    model.init_weights()
+    model = titan_model("llama3", layers=2)  # the llama3 debug model's first two blocks, SDPA
     model.train()
     named = list(model.named_parameters())
-    ids = tokens(vocab=config.vocab_size, seq=9)
+    ids = tokens(vocab=model.tok_embeddings.num_embeddings, seq=9)
     return Problem("torchtitan", model, (ids,), _titan_loss, [n for n, _ in named], [p for _, p in named],
                    [(f"layers.{n}", m) for n, m in model.layers.named_children()], "feed_forward.w2",
                    lambda: pytest.fail("no budget on the torchtitan route"))
