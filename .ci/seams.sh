@@ -5,7 +5,7 @@
 # torchtitan routes run too (build/clients-venv, made by .ci/clients.sh), then on torch 2.15 (build/torch215-venv,
 # made by .ci/torch215.sh), each under its own time limit. Run from a clean clone's root after those two steps;
 # exits non-zero when a venv is missing or either run fails. The default suite runs the pairwise slice.
-# SAC2_SEAMS=full (all 1,580 valid cells, an estimated 50 minutes per torch on 2 cores) runs alone: SEAMS_MODE=full.
+# SAC2_SEAMS=full (all 1,580 valid cells, about an hour per torch on 2 cores) runs alone: SEAMS_MODE=full.
 # Limits in seconds: SEAMS_LIMIT_213, SEAMS_LIMIT_215. Extra pytest arguments: $SEAMS_PYTEST_ARGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
