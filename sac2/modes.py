@@ -328,8 +328,10 @@ class ReplayMode(SacMode):
         op saving it writes into its arguments, it runs (or is served) first, then ``stop()`` is raised: autograd
         saves an op's inputs before the op runs, and a tensor the op then fills (``rrelu_with_noise``'s noise)
         must be filled. Returns False when the frame should stop at once (as torch's frame always does)."""
-        i = self._cursor
-        if i >= len(self._log):
+        i, n = self._cursor, len(self._log)
+        while i < n and self._skippable(i):
+            i += 1  # the next op that carries a decision (see _realign)
+        if i >= n:
             return False
         entry = self._log[i]
         if type(entry) is Saved:
@@ -357,7 +359,7 @@ class ReplayMode(SacMode):
             return op.call(*args, **kwargs)
         if self._bumped:
             self._unbump()
-        if self._stop is not None:
+        if self._stop is not None and not op.free:  # free ops before the writer early stop waits for run first
             return self._finish(func, op, types, args, kwargs)
         if kind == VIEW and op.writes:
             # An in-place view op (squeeze_, t_) replayed on a served output bumps the version counter that output
@@ -370,8 +372,8 @@ class ReplayMode(SacMode):
         try:
             entry = self._log[i]
         except IndexError:
-            if func is _CAST:
-                return op.call(*args, **kwargs)  # a cast autocast's cache spared the forward (see _realign)
+            if func is _CAST or op.free:
+                return op.call(*args, **kwargs)  # rules 2 and 3 (see _realign)
             raise RuntimeError(messages.recompute_ran_past_forward(op_name(key), i, len(self._log))) from None
         self._cursor = i + 1
         if entry is key:
@@ -400,15 +402,26 @@ class ReplayMode(SacMode):
     def _realign(
         self, i: int, func: _compat.Op, op: OpInfo, key: keys.Key, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """Autocast caches the casts of leaf tensors within an autocast block (and recompute in backward may find
-        them cached), so forward and recompute may run a different number of ``_to_copy`` casts: an extra cast in
-        recompute runs unrecorded, and casts forward ran that recompute skips are passed over (their outputs are
-        not served). Any other mismatch is a divergence."""
-        if func is _CAST:
+        """Recompute ran another op than forward's at position ``i``. What may differ, and nothing else:
+
+        1. Every op that carries a decision (saved, recomputed, offloaded, a region, a random op, a write, an
+           ordered side effect, an in-place view op) runs in the order forward ran it; anything else is a
+           divergence, reported with the op and its position.
+        2. Autocast caches the casts of leaf tensors within an autocast block (and recompute in backward may find
+           them cached), so forward and recompute may run a different number of ``_to_copy`` casts.
+        3. Ops that only re-present their input's values (``OpInfo.free``: views, ``_unsafe_view``, ``clone``)
+           may appear, vanish or change order: composites pick among them by strides (a user's saved-tensor hook
+           that repacks an input makes ``reshape`` copy) and by the modes active (``FlopCounterMode`` makes
+           ``linear`` run ``t`` before ``view``). Their outputs depend only on their inputs, so running them
+           where recompute meets them is right.
+
+        An extra cast or free op in recompute runs unrecorded; casts and free ops forward ran that recompute skips
+        are passed over (their outputs are not served, which only means recompute computed them)."""
+        if func is _CAST or op.free:
             self._cursor = i
             return op.call(*args, **kwargs)
         log, j = self._log, i
-        while j < len(log) and self.record.key_at(j) is _CAST:
+        while j < len(log) and self._skippable(j):
             j += 1
         entry = log[j] if j < len(log) else None
         if j > i and entry is key:
@@ -419,6 +432,14 @@ class ReplayMode(SacMode):
             return self._serve(entry, j, func, args, kwargs)
         advice = messages.diverged(op_name(self.record.key_at(i)))
         raise RuntimeError(messages.recompute_diverged(i, self.record.describe(i), op_name(key), advice))
+
+    def _skippable(self, j: int) -> bool:
+        """Whether recompute may pass over position ``j`` of the record (rules 2 and 3 of ``_realign``)."""
+        key = self.record.key_at(j)
+        if key is _CAST:
+            return True
+        op = TABLE.get(id(key))
+        return op is not None and op.op is key and op.free
 
     def _serve(self, entry: Saved, i: int, func: _compat.Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if entry.modified():
@@ -446,8 +467,8 @@ class ReplayMode(SacMode):
         if self._bumped:
             self._unbump()
         cursor, n = self._cursor, len(self._log)
-        while cursor < n and self.record.key_at(cursor) is _CAST:
-            cursor += 1  # casts autocast's cache spared the recompute (see _realign)
+        while cursor < n and self._skippable(cursor):
+            cursor += 1  # casts and free ops recompute did not run (see _realign)
         self.record.end_recompute()
         super().__exit__(exc_type, exc, tb)
         if exc_type is None and cursor != n:

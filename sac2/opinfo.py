@@ -18,6 +18,11 @@ from sac2.writes import Path, schema_writes
 __all__ = ["PLAIN", "VIEW", "IGNORE", "HOP", "KEYED", "OpInfo", "info", "TABLE"]
 
 _UNSAFE_VIEW = _compat.UNSAFE_VIEW
+#: Ops that only re-present their input's values (``reshape``'s copy path): see ``OpInfo.free``.
+_COPIES = (_UNSAFE_VIEW, torch.ops.aten.clone.default)
+#: A view by its schema, but its input is Python data made fresh (``torch.tensor(...)``): where forward ran it and
+#: recompute did not, the function set up state on its first call (a KV cache), which must stay a divergence.
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 #: An aten or custom op; a view (or in-place view) op, always re-run; an op that is not an op for SAC (detach,
 #: metadata queries), run and never recorded; a higher-order op; an op whose replay key depends on its arguments.
@@ -27,7 +32,7 @@ PLAIN, VIEW, IGNORE, HOP, KEYED = 0, 1, 2, 3, 4
 class OpInfo:
     """One op's entry in the table."""
 
-    __slots__ = ("op", "kind", "writes", "random", "ordered", "call", "hidden_alias", "plain")
+    __slots__ = ("op", "kind", "writes", "random", "ordered", "call", "hidden_alias", "plain", "free")
 
     def __init__(self, op: _compat.Op) -> None:
         self.op = op
@@ -42,6 +47,11 @@ class OpInfo:
         #: A functional aten or custom op that draws nothing, has no side effect and aliases nothing: the
         #: forward's short path.
         self.plain = self.kind == PLAIN and not (self.writes or self.random or self.ordered or self.hidden_alias)
+        #: Its output is its input's values, viewed or copied: a view op that writes nothing, ``_unsafe_view``,
+        #: ``clone``. Composites choose among these by strides and by what modes are active (``reshape`` copies a
+        #: non-contiguous tensor; ``linear`` runs ``t`` and ``view`` in another order under ``FlopCounterMode``),
+        #: so recompute may run them where, in another order, or not at all (replay rule 3, ``sac2.modes``).
+        self.free = (self.kind == VIEW and not self.writes and op is not _LIFT_FRESH) or op in _COPIES
 
 
 def _kind(op: _compat.Op, entry: OpInfo) -> int:

@@ -90,3 +90,58 @@ def test_config_fields_apply_ac_relies_on():
     assert tt_ac.FullAC.Config().preserve_rng_state is True
     assert tt_ac.SelectiveAC.Config().force_recompute_mm_shapes_by_fqns == ["moe.router.gate"]
     assert tt_ac.MemoryBudgetAC.Config().memory_budget == 0.5
+
+
+class _FlopBlock(torch.nn.Module):
+    """Three bias-free Linears; the router's gate has the attention projection's shape (see tests/test_recompute_flops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.moe = torch.nn.Module()
+        self.moe.router = torch.nn.Module()
+        self.moe.router.gate = torch.nn.Linear(256, 256, bias=False)
+        self.attention = torch.nn.Module()
+        self.attention.wq = torch.nn.Linear(256, 256, bias=False)
+        self.output = torch.nn.Linear(256, 512, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(self.attention.wq(self.moe.router.gate(x)))
+
+
+class _FlopModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleDict({"0": _FlopBlock()})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers["0"](x)
+
+
+def _backward_units(ac) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = _FlopModel()
+    if ac is not None:
+        apply_ac(ac, model)
+    out = model(torch.randn(64, 256, requires_grad=True)).sum()
+    with FlopCounterMode(display=False) as counter:
+        out.backward()
+    return counter.get_total_flops() / (2 * 64 * 256 * 256)
+
+
+@pytest.mark.parametrize(
+    ("ac", "units"),
+    [
+        pytest.param(lambda: None, 8, id="no AC"),
+        pytest.param(lambda: tt_ac.SelectiveAC.Config(force_recompute_mm_shapes_by_fqns=[]).build(), 9,
+                     id="selective"),
+        pytest.param(lambda: tt_ac.SelectiveAC.Config().build(), 10, id="selective, router gate forced"),
+        pytest.param(lambda: tt_ac.SelectiveAC.Config(force_recompute_mm_shapes_by_fqns=["output"]).build(), 11,
+                     id="selective, output forced"),
+        pytest.param(full_ac, 12, id="full AC"),
+    ],
+)
+def test_torchtitans_policies_through_sac2_recompute_the_flops_torchtitan_expects(ac, units):
+    before = sac2.forward_count()
+    assert _backward_units(ac()) == units
+    assert ac() is None or sac2.forward_count() > before
