@@ -12,11 +12,12 @@ from typing import Callable
 
 import pytest
 import torch
-from helpers import contexts
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
+
+from helpers import contexts
 
 N = 64
 UNIT = 2 * N * 256 * 256  # the FLOPs of one 256 -> 256 matmul on N rows

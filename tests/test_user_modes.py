@@ -17,12 +17,13 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
-from helpers import contexts
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
+
+from helpers import contexts
 
 _MM = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]
 

@@ -93,7 +93,7 @@ def test_config_fields_apply_ac_relies_on():
 
 
 class _FlopBlock(torch.nn.Module):
-    """Three bias-free Linears; the router's gate has the attention projection's shape (see tests/test_recompute_flops)."""
+    """Three bias-free Linears; the router gate has the attention projection's shape (tests/test_recompute_flops)."""
 
     def __init__(self) -> None:
         super().__init__()
