@@ -14,6 +14,7 @@ compile again, and no graph may break (as under fullgraph).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,6 +27,8 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as tuc
 from torch import nn
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
 from sac2.answers import CheckpointPolicy
@@ -317,16 +320,60 @@ _COMPILE = {
 }
 
 
+# ---- what is around the step (the user's tools) ----
+
+
+class _PassThrough(TorchDispatchMode):
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def _tool(around: str) -> contextlib.AbstractContextManager[object]:
+    """A fresh instance of the tool ``around`` names (``matrix.AROUND``)."""
+    if around.startswith("flops"):
+        return FlopCounterMode(display=False)
+    if around.startswith("memtracker"):
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        return MemTracker()
+    if around.startswith("passthrough"):
+        return _PassThrough()
+    if around == "save_on_cpu":
+        return torch.autograd.graph.save_on_cpu()
+    raise AssertionError(around)
+
+
+def _phases(around: str) -> tuple[contextlib.AbstractContextManager[object], ...]:
+    """(the whole step, its forward, its backward): where ``around``'s tool is active."""
+    if around == "none":
+        return contextlib.nullcontext(), contextlib.nullcontext(), contextlib.nullcontext()
+    tool = _tool(around)
+    if around.endswith("_forward"):
+        return contextlib.nullcontext(), tool, contextlib.nullcontext()
+    if around.endswith("_backward"):
+        return contextlib.nullcontext(), contextlib.nullcontext(), tool
+    return tool, contextlib.nullcontext(), contextlib.nullcontext()
+
+
 # ---- backward styles ----
 
 
 def run_backward(style: str, step: Callable[[], torch.Tensor], names: list[str],
-                 leaves: list[torch.Tensor]) -> dict[str, torch.Tensor | None]:
-    """One step in ``style``: the loss and each leaf's ``.grad`` (and, for double backward, the first-order
-    gradients the second backward went through)."""
-    for leaf in leaves:
-        leaf.grad = None
-    loss = step()
+                 leaves: list[torch.Tensor], around: str = "none") -> dict[str, torch.Tensor | None]:
+    """One step in ``style`` with ``around``'s tool where it says: the loss and each leaf's ``.grad`` (and, for
+    double backward, the first-order gradients the second backward went through)."""
+    whole, forward, backward = _phases(around)
+    with whole:
+        for leaf in leaves:
+            leaf.grad = None
+        with forward:
+            loss = step()
+        with backward:
+            return _backward(style, loss, names, leaves)
+
+
+def _backward(style: str, loss: torch.Tensor, names: list[str],
+              leaves: list[torch.Tensor]) -> dict[str, torch.Tensor | None]:
     result: dict[str, torch.Tensor | None] = {"loss": loss.detach()}
     if style == "once":
         loss.backward()
@@ -346,10 +393,11 @@ def run_backward(style: str, step: Callable[[], torch.Tensor], names: list[str],
 
 
 @functools.lru_cache(maxsize=None)
-def reference(kind_route: str, style: str) -> dict[str, torch.Tensor | None]:
-    """What ``style`` gives without any checkpointing, in eager, on the problem of ``kind_route``."""
+def reference(kind_route: str, style: str, around: str = "none") -> dict[str, torch.Tensor | None]:
+    """What ``style`` gives without any checkpointing, in eager, with ``around``'s tool, on the problem of
+    ``kind_route``."""
     p = problem(kind_route)
-    return run_backward(style, lambda: p.loss(p.model, *p.inputs), p.names, p.leaves)
+    return run_backward(style, lambda: p.loss(p.model, *p.inputs), p.names, p.leaves, around)
 
 
 # ---- setups, reused by consecutive cells ----
@@ -450,10 +498,10 @@ def _run_cell(cell: Cell) -> None:
     expected = cell.expected_error
     if expected is not None:
         with pytest.raises(RuntimeError, match=expected.match):
-            run_backward(cell.backward, setup.step, p.names, p.leaves)
+            run_backward(cell.backward, setup.step, p.names, p.leaves, cell.around)
     else:
-        got = run_backward(cell.backward, setup.step, p.names, p.leaves)
-        want = reference(cell.route if cell.route in LIBRARY else "small", cell.backward)
+        got = run_backward(cell.backward, setup.step, p.names, p.leaves, cell.around)
+        want = reference(cell.route if cell.route in LIBRARY else "small", cell.backward, cell.around)
         compare(got, want, exact=not cell.compiled)
     assert not torch._C._len_torch_dispatch_stack(), "a dispatch mode was left on the stack"
     if cell.counts:

@@ -1,14 +1,16 @@
 """The seam matrix: its dimensions, the one table of rules that says which cells are meaningful and what each
 must do, and the cells the suite runs (a pairwise covering design by default, the full product on request).
 
-A cell is one (route, execution, policy, backward) combination; its id is ``route-execution-policy-backward``.
+A cell is one (route, execution, policy, backward, around) combination; its id is
+``route-execution-policy-backward-around``.
 Every rule is here, with its reason in words: which combinations are excluded, which end in an error torch
 documents, where ``sac2.forward_count()`` cannot move because sac2 is not in the path, and which cells are known
 sac2 bugs (``pytest.mark.xfail(strict=True)`` until fixed). ``tests/seams/harness.py`` only runs a cell.
 
 ``SAC2_SEAMS=full`` selects every valid cell; by default a pairwise covering design: every pair of values of any
 two dimensions that some valid cell has appears in at least one selected cell (``test_seams.py`` checks it).
-``SAC2_SEAMS=ci`` is the full product for eager and aot_eager and pairwise for the other executions.
+``SAC2_SEAMS=ci`` is the full product for eager and aot_eager with nothing around the step, and pairwise for the
+other executions and for the user's tools around it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = [
-    "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "DIMENSIONS", "COMPILED", "Cell", "Rule", "RULES", "BUGS",
+    "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "AROUND", "DIMENSIONS", "COMPILED", "Cell", "Rule", "RULES",
+    "BUGS",
     "LIBRARY", "CI_FULL", "product", "valid_cells", "pairs_of", "pairwise", "trimmed", "selected", "bug_of",
 ]
 
@@ -55,7 +58,15 @@ BACKWARDS = (
     "double",  # torch.autograd.grad(create_graph=True), then backward through the gradients
     "inputs",  # loss.backward(inputs=[every other leaf])
 )
-DIMENSIONS = {"route": ROUTES, "execution": EXECUTIONS, "policy": POLICIES, "backward": BACKWARDS}
+AROUND = (
+    "none",  # nothing: the step as it is
+    "flops_forward",  # torch's FlopCounterMode active over the forward only
+    "flops_backward",  # ... over the backward only (the recompute runs under it)
+    "memtracker_both",  # torch.distributed._tools' MemTracker over forward and backward
+    "passthrough_forward",  # a user's do-nothing TorchDispatchMode over the forward only
+    "save_on_cpu",  # torch.autograd.graph.save_on_cpu() around the step (an outer pair of saved-tensor hooks)
+)
+DIMENSIONS = {"route": ROUTES, "execution": EXECUTIONS, "policy": POLICIES, "backward": BACKWARDS, "around": AROUND}
 COMPILED = frozenset(EXECUTIONS) - {"eager"}
 
 #: The library a route needs; its cells skip (pytest.importorskip, naming it) where it is not installed.
@@ -72,10 +83,11 @@ class Cell:
     execution: str
     policy: str
     backward: str
+    around: str = "none"
 
     @property
     def id(self) -> str:
-        return f"{self.route}-{self.execution}-{self.policy}-{self.backward}"
+        return f"{self.route}-{self.execution}-{self.policy}-{self.backward}-{self.around}"
 
     @property
     def compiled(self) -> bool:
@@ -141,11 +153,29 @@ RULES: tuple[Rule, ...] = (
         lambda c: c.route in LIBRARY and c.backward == "double",
     ),
     Rule(
+        "exclude",
+        "A user's dispatch mode or saved-tensor hooks around compiled code: dynamo skips frames under a dispatch "
+        "mode that does not ignore compile internals (torch's 'non-infra torch dispatch mode present'), and "
+        "saved-tensor hooks around a compiled region are torch's business, so compiled cells would test eager "
+        "again or torch alone. The tools are crossed with every route, policy and backward in eager.",
+        lambda c: c.compiled and c.around != "none",
+    ),
+    Rule(
         "error",
         "Double backward under torch.compile is unsupported by torch.compile itself: AOTAutograd's compiled backward "
         "is not differentiable, and the second backward raises whether or not anything is checkpointed.",
         lambda c: c.compiled and c.backward == "double",
         match="torch.compile with aot_autograd does not currently support double backward",
+    ),
+    Rule(
+        "error",
+        "torch bug, with torch's own frame too: the module tracker of FlopCounterMode and MemTracker, active over a "
+        "torch.autograd.grad "
+        "that recomputes a checkpoint, hooks the modules the recompute runs and asks the engine about their leaf "
+        "inputs, which raises during autograd.grad (backward() is fine, and without checkpointing nothing runs "
+        "forward inside the backward).",
+        lambda c: c.around in ("flops_backward", "memtracker_both") and c.backward == "double",
+        match="A leaf node was passed to _will_engine_execute_node",
     ),
     Rule(
         "no_donated_buffers",
@@ -232,9 +262,10 @@ def trimmed(cells: list[Cell]) -> list[Cell]:
     """The ``ci`` selection: the full product of ``CI_FULL``'s executions (sac2's own compiled path, the modes
     tagging nodes for the partitioner, on every route, policy and backward), plus pairwise cover of the pairs only
     the other executions have (inductor's code generation, fullgraph, symbolic shapes)."""
-    base = [c for c in cells if c.execution in CI_FULL]
+    base = [c for c in cells if c.execution in CI_FULL and c.around == "none"]
     covered = frozenset().union(*(pairs_of(c) for c in base))
-    return sorted(base + pairwise([c for c in cells if c.execution not in CI_FULL], covered))
+    chosen = set(base)
+    return sorted(base + pairwise([c for c in cells if c not in chosen], covered))
 
 
 def selected() -> list[Cell]:
