@@ -9,7 +9,10 @@ Two workloads, each a stack of ``sac2.bench.models.Block``s (each block checkpoi
 - op-list SAC with ``sac2.policies.llm_save_list()``: torch's stock contexts on torch's checkpoint, sac2's contexts
   on sac2's frame, and sac2's contexts on torch's frame (``sac2.use_torch_frame``);
 - regions-only SAC: the blocks built with ``sac2.region`` around their matmuls and attention and a save list of
-  ``sac2.Region``s (``sac2.bench.models.REGION_NAMES``); and torch_remat's regions, when it is installed (2.15).
+  ``sac2.Region``s (``sac2.bench.models.REGION_NAMES``); and torch_remat's regions, when it is installed (2.15);
+- DeepSpeed's full AC, when ``deepspeed`` is installed (the clients venv): ``deepspeed.checkpointing.checkpoint``
+  (reentrant, an ``autograd.Function``) and ``non_reentrant_checkpoint`` (saved-tensor hooks), with DeepSpeed's
+  default configuration (no partitioning, no CPU checkpointing); the header says when they are skipped.
 
 One thread; time is this thread's CPU time, so other processes do not count. The modes take turns round by round in
 one process (rotating order); each prints the median ms per forward+backward step (and the interquartile range
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import functools
+import importlib.util
 import io
 import json
 import pstats
@@ -64,6 +68,8 @@ PAIRS = (
     ("op list: sac2 frame / torch frame (same modes)", "sac2 op-list SAC", "sac2 op-list SAC, torch frame", None),
     ("regions: sac2 regions / torch full AC", "sac2 regions SAC", "torch full AC", 0.75),
     ("regions: sac2 regions / torch_remat", "sac2 regions SAC", "torch_remat", 0.70),
+    ("full AC: sac2 frame / deepspeed reentrant", "sac2 full AC", "deepspeed checkpoint", None),
+    ("full AC: sac2 frame / deepspeed non-reentrant", "sac2 full AC", "deepspeed non-reentrant", None),
 )
 #: (t - t_none) / t_forward targets.
 EXTRA_TARGETS = {"sac2 full AC": 1.25}
@@ -99,6 +105,22 @@ def _remat_region(fn: Callable[..., torch.Tensor], name: str) -> Callable[..., t
     return wrap(fn, name)
 
 
+def deepspeed_available() -> bool:
+    """Whether ``deepspeed`` is installed (its rows run only then)."""
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _deepspeed_modes() -> list[Mode]:
+    """DeepSpeed's two full-AC functions, as configured by default (imported here: its import takes seconds)."""
+    import deepspeed
+
+    reentrant, non_reentrant = deepspeed.checkpointing.checkpoint, deepspeed.checkpointing.non_reentrant_checkpoint
+    return [
+        Mode("deepspeed checkpoint", lambda block, x: reentrant(block, x)),
+        Mode("deepspeed non-reentrant", lambda block, x: non_reentrant(block, x)),
+    ]
+
+
 def _on_torch_frame(run: RunBlock) -> RunBlock:
     def call(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         with sac2.use_torch_frame():
@@ -130,6 +152,8 @@ def modes() -> list[Mode]:
     ]
     if remat_available():
         out.append(Mode("torch_remat", _remat_block, blocks="remat"))
+    if deepspeed_available():
+        out.extend(_deepspeed_modes())
     return out
 
 
@@ -277,7 +301,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name}: {args.profile}, {args.profile_steps} steps\n{text}")
         return
     rounds = 1 if args.smoke else args.rounds
-    print(f"torch {torch.__version__}, sac2 {sac2.__version__}, torch_remat {'yes' if remat_available() else 'no'}")
+    deepspeed = "yes" if deepspeed_available() else "not installed, its rows skipped"
+    print(f"torch {torch.__version__}, sac2 {sac2.__version__}, torch_remat {'yes' if remat_available() else 'no'}, "
+          f"deepspeed {deepspeed}")
     results = {}
     for name in names:
         results[name] = summarise(measure(configs[name], rounds, min_sample_s=0.0 if args.smoke else 0.05))

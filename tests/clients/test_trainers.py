@@ -358,3 +358,24 @@ def test_trainers_doc_python_blocks_run():
     namespace: dict = {"__name__": "doc:docs/trainers.md"}
     for i, code in enumerate(blocks):
         exec(compile(code, f"docs/trainers.md[block {i}]", "exec"), namespace)
+
+
+# ---- benchmarks/frame.py's DeepSpeed rows ----
+
+
+def test_frame_benchmark_runs_deepspeed_rows_with_the_gradients_of_no_checkpointing(capsys):
+    """With deepspeed installed, ``benchmarks/frame.py`` times DeepSpeed's two checkpoints beside sac2's frame."""
+    pytest.importorskip("deepspeed")
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("frame_benchmark", Path(__file__).parents[2] / "benchmarks/frame.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    module.main(["--smoke", "--config", "cpu-bound"])
+    text = capsys.readouterr().out
+    for row in ("deepspeed checkpoint", "deepspeed non-reentrant"):
+        (line,) = [line for line in text.splitlines() if line.startswith(f"  {row} ")]
+        assert line.endswith("  yes"), line
+    assert "ratio full AC: sac2 frame / deepspeed reentrant" in text
