@@ -1,4 +1,4 @@
-"""The ``sac2`` command line: ``python -m sac2 bench [options]`` (see ``sac2 bench --help``).
+"""The ``sac2`` command line: ``python -m sac2 bench|advise [options]`` (see ``sac2 bench --help``).
 
 A missing or unknown command ends in one line naming the commands (exit code 2), as every misuse of a command does.
 """
@@ -12,7 +12,10 @@ from typing import Sequence
 __all__ = ["main"]
 
 #: Each command and what it does.
-COMMANDS = {"bench": "compare checkpointing modes on a small model"}
+COMMANDS = {
+    "bench": "compare checkpointing modes on a small model",
+    "advise": "measure every checkpointing setup on your model and recommend one for your memory",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[0] not in (*COMMANDS, "-h", "--help"):
         parser.error(f"unknown command {argv[0]!r}; the commands are: {commands}")
     parser.parse_args(argv[:1])  # answers -h / --help
+    if argv[0] == "advise":
+        from sac2 import advisor_cli
+
+        return advisor_cli.main(argv[1:])
     from sac2 import bench
 
     return bench.main(argv[1:])

@@ -22,14 +22,14 @@ from sac2.bench.memory import DEVICE_TYPES
 from sac2.bench.models import CONFIGS
 from sac2.bench.output import format_table, pareto_front, plot
 
-__all__ = ["main"]
+__all__ = ["main", "positive_int", "device_arg", "output_file"]
 
 
 def _is_positive_int(text: str) -> bool:
     return text.strip().isdecimal() and int(text) > 0
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     if not _is_positive_int(text):
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return int(text)
@@ -43,7 +43,7 @@ def _lengths(text: str) -> list[int]:
     return [int(part) for part in parts]
 
 
-def _device(text: str) -> str:
+def device_arg(text: str) -> str:
     """``--device``: a device the bench can run on and measure memory on, and that this machine has."""
     try:
         device = torch.device(text)
@@ -77,7 +77,7 @@ def _backend(text: str) -> str:
     return text
 
 
-def _output_file(text: str) -> str:
+def output_file(text: str) -> str:
     """``--json``, ``--plot``: a file that can be created, checked now rather than after the whole run."""
     path = Path(text)
     if path.is_dir():
@@ -90,16 +90,16 @@ def _output_file(text: str) -> str:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sac2 bench", description=__doc__.splitlines()[0])
     parser.add_argument("--config", choices=sorted(CONFIGS), default="small", help="model and batch shape")
-    parser.add_argument("--steps", type=_positive_int, default=5, help="timed steps per mode (after one memory step)")
-    parser.add_argument("--device", type=_device, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per mode (after one memory step)")
+    parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--compile", action="store_true", help="run every row under torch.compile")
     parser.add_argument("--backend", type=_backend,
                         help=f"torch.compile backend, with --compile (default {COMPILE_BACKEND})")
     parser.add_argument("--curve", type=_lengths, default=list(CURVE_LENGTHS), metavar="N,N,...",
                         help="region lengths of the per-op curve ('' skips it; default %(default)s)")
-    parser.add_argument("--curve-repeat", type=_positive_int, default=5, help="samples per point of the per-op curve")
-    parser.add_argument("--json", type=_output_file, metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--plot", type=_output_file, metavar="FILE",
+    parser.add_argument("--curve-repeat", type=positive_int, default=5, help="samples per point of the per-op curve")
+    parser.add_argument("--json", type=output_file, metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--plot", type=output_file, metavar="FILE",
                         help="also plot memory against step time and the curve")
     return parser
 

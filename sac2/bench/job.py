@@ -25,7 +25,7 @@ from sac2.bench.checkpoint_modes import Row, remat_available, rows
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
 
-__all__ = ["Result", "run", "COMPILE_BACKEND", "ATOL", "RTOL"]
+__all__ = ["Result", "run", "turns", "grads_equal", "Progress", "COMPILE_BACKEND", "ATOL", "RTOL"]
 
 #: The backend ``compile`` uses unless ``backend`` says otherwise: torch.compile's default.
 COMPILE_BACKEND = "inductor"
@@ -51,7 +51,7 @@ class Result:
         return statistics.median(self.step_s)
 
 
-class _Progress:
+class Progress:
     """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
 
     def __init__(self, total: int) -> None:
@@ -67,13 +67,25 @@ class _Progress:
             sys.stderr.flush()
 
 
+_Progress = Progress  # the name tests/test_bench.py uses
+
+
+def turns(step: int, n: int) -> list[int]:
+    """The order in which ``n`` side-by-side runs take step ``step``: rotated by one each step, so drift in machine
+    speed hits every run alike (``sac2.advise`` interleaves its setups the same way)."""
+    shift = step % n
+    return [*range(shift, n), *range(shift)]
+
+
 def _same(a: torch.Tensor | None, b: torch.Tensor | None, bitwise: bool) -> bool:
     if a is None or b is None:  # a parameter without a gradient: equal only if the reference has none either
         return a is None and b is None
     return torch.equal(a, b) if bitwise else torch.allclose(a, b, atol=ATOL, rtol=RTOL)
 
 
-def _equal(model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor, bitwise: bool) -> bool:
+def grads_equal(
+    model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor, bitwise: bool
+) -> bool:
     if not _same(loss, ref_loss, bitwise):
         return False
     return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters(), strict=True))
@@ -150,12 +162,11 @@ def run(
         for forward, model in zip(forwards, models, strict=True):
             forward(tokens, targets).backward()
             model.zero_grad(set_to_none=True)
-    progress = _Progress((steps + 1) * len(modes))
+    progress = Progress((steps + 1) * len(modes))
     for step in range(steps + 1):
         tokens, targets = random_tokens(cfg, gen, dev)
         losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)
-        shift = step % len(modes)
-        for i in [*range(shift, len(modes)), *range(shift)]:
+        for i in turns(step, len(modes)):
             forward = functools.partial(forwards[i], tokens, targets)
             optims[i].zero_grad(set_to_none=True)
             if step == 0:
@@ -171,7 +182,7 @@ def run(
                 results[i].step_s.append(time.perf_counter() - start)
             progress.step()
         for i in range(1, len(modes)):
-            results[i].equal &= _equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
+            results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
         if step == 0:
             for opt in optims:
                 opt.step()

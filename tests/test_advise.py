@@ -1,0 +1,303 @@
+"""``sac2.advise`` and ``python -m sac2 advise``: every setup runs on a copy of the user's model, matches no
+checkpointing bit for bit, keeps what a separate measurement of the same setup keeps; the recommendation is the
+fastest setup on the Pareto front that fits the memory target; setups that do not apply are skipped with the reason;
+every misuse of the command line is one line (exit 2)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import sys
+import tempfile
+
+import pytest
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+from torch import nn
+
+import sac2
+from sac2 import advisor, advisor_cli
+from sac2.__main__ import main
+from sac2.bench.memory import measure_step
+from sac2.wrappers import CheckpointWrapper
+
+
+class Attention(nn.Module):
+    """A parameterless attention kernel module (what ``save=["attention"]`` finds outside transformers)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.attention = Attention()
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        x = x + self.out(self.attention(q, k, v).transpose(1, 2).reshape(b, s, d))
+        return x + self.down(F.gelu(self.up(x)))
+
+
+class Model(nn.Module):
+    def __init__(self, d: int = 32, heads: int = 4, n: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(d, heads) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.layers:
+            x = block(x)
+        return x
+
+
+def make_model() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """The factory ``--factory test_advise:make_model`` imports."""
+    torch.manual_seed(0)
+    return Model(), (torch.randn(2, 16, 32, requires_grad=True),)
+
+
+def make_nothing() -> int:
+    return 3
+
+
+@pytest.fixture(scope="module")
+def advice() -> advisor.Advice:
+    model, inputs = make_model()
+    return sac2.advise(model, inputs, steps=1, progress=False)
+
+
+@pytest.fixture
+def _attach(request, advice):
+    request.instance.advice = advice
+
+
+@pytest.mark.usefixtures("_attach")
+class TestAdvice(TestCase):
+    def test_runs_every_builtin_setup_that_applies_no_checkpointing_first(self):
+        self.assertEqual(
+            [r.name for r in self.advice.rows],
+            ["none", "full AC", "selective llm()", "stock SAC llm()", "regions attention",
+             "regions attention+linear", "regions linear", "budget 0.3", "budget 0.5", "budget 0.7"],
+        )
+
+    def test_every_setup_matches_no_checkpointing_bit_for_bit(self):
+        self.assertEqual([r.name for r in self.advice.rows if not r.equal], [])
+
+    def test_a_setup_that_does_not_apply_is_skipped_with_the_reason(self):
+        self.assertEqual(list(self.advice.skipped), ["regions experts"])
+        self.assertExpectedInline(
+            self.advice.skipped["regions experts"],
+            """sac2.apply_ac: save=['experts'] matches no module inside the blocks (['layers.0', 'layers.1']...); module names there look like ['norm', 'qkv', 'out', 'attention', 'up', 'down'].""",  # noqa: E501
+        )
+
+    def test_kept_bytes_equal_a_separate_measurement_of_each_setup(self):
+        model, inputs = make_model()
+        for candidate in advisor.candidates_for(model, inputs):
+            if candidate.name in self.advice.skipped:
+                continue
+            copy_ = copy.deepcopy(model)
+            candidate.prepare(copy_)
+            memory, _ = measure_step(lambda m=copy_: m(*inputs).float().sum(), "cpu")
+            self.assertEqual(memory.kept, self.advice.row(candidate.name).kept_bytes, candidate.name)
+
+    def test_full_ac_keeps_less_than_no_checkpointing(self):
+        self.assertLess(self.advice.row("full AC").kept_bytes, self.advice.row("none").kept_bytes / 2)
+
+    def test_default_target_is_half_of_what_no_checkpointing_keeps(self):
+        self.assertEqual(self.advice.target_bytes, int(0.5 * self.advice.row("none").kept_bytes))
+
+    def test_recommends_the_fastest_setup_that_fits_and_it_is_on_the_front(self):
+        best = self.advice.row(self.advice.recommended)
+        self.assertIn(best.name, self.advice.front)
+        self.assertLessEqual(best.kept_bytes, self.advice.target_bytes)
+        fitting = [r for r in self.advice.rows
+                   if r.kept_bytes <= self.advice.target_bytes and r.name not in self.advice.references]
+        self.assertEqual(min(fitting, key=lambda r: r.median_s).name, best.name)
+
+    def test_stock_sac_is_a_reference_never_on_the_front(self):
+        self.assertEqual(self.advice.references, ["stock SAC llm()"])
+        self.assertNotIn("stock SAC llm()", self.advice.front)
+
+    def test_the_front_holds_the_rows_no_other_beats_on_both(self):
+        rows = [r for r in self.advice.rows if r.name not in self.advice.references]
+        for r in rows:
+            beaten = any(o.median_s <= r.median_s and o.kept_bytes <= r.kept_bytes
+                         and (o.median_s < r.median_s or o.kept_bytes < r.kept_bytes) for o in rows)
+            self.assertEqual(r.name in self.advice.front, not beaten, r.name)
+
+    def test_gives_the_one_line_of_code_of_the_recommendation(self):
+        self.assertEqual(self.advice.code, self.advice.row(self.advice.recommended).policy)
+        self.assertEqual(self.advice.row("regions attention").policy,
+                         'sac2.apply_ac(model, mode="regions", save=["attention"])')
+
+    def test_prints_the_table_the_front_the_skipped_and_the_recommendation(self):
+        text = str(self.advice)
+        lines = text.splitlines()
+        self.assertTrue(lines[1].startswith("setup "), text)
+        self.assertEqual(len([line for line in lines[2:] if line.split("  ")[0].strip() in
+                              {r.name for r in self.advice.rows}]), len(self.advice.rows), text)
+        self.assertIn("Pareto front (step time against kept memory): " + ", ".join(self.advice.front), text)
+        self.assertIn("skipped regions experts: ", text)
+        self.assertEqual(lines[-1], f"    {self.advice.code}")
+        self.assertTrue(lines[-2].startswith(f"recommended: {self.advice.recommended} "), text)
+
+    def test_json_holds_rows_front_and_recommendation(self):
+        data = json.loads(self.advice.to_json())
+        self.assertEqual([r["name"] for r in data["rows"]], [r.name for r in self.advice.rows])
+        self.assertEqual([r["kept_bytes"] for r in data["rows"]], [r.kept_bytes for r in self.advice.rows])
+        self.assertEqual((data["pareto_front"], data["recommended"], data["code"]),
+                         (self.advice.front, self.advice.recommended, self.advice.code))
+
+    def test_plot_writes_a_png(self):
+        pytest.importorskip("matplotlib")
+        path = f"{tempfile.mkdtemp()}/advice.png"
+        self.advice.plot(path)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+class TestOptions(TestCase):
+    def test_leaves_the_users_model_untouched(self):
+        model, inputs = make_model()
+        before = copy.deepcopy(model.state_dict())
+        sac2.advise(model, inputs, steps=1, progress=False, candidates=["full AC"])
+        self.assertFalse(any(isinstance(m, CheckpointWrapper) for m in model.modules()))
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+        self.assertTrue(all(torch.equal(v, before[k]) for k, v in model.state_dict().items()))
+
+    def test_candidates_by_name_run_after_no_checkpointing(self):
+        model, inputs = make_model()
+        advice = sac2.advise(model, inputs, steps=1, progress=False, candidates=["regions attention", "full AC"])
+        self.assertEqual([r.name for r in advice.rows], ["none", "regions attention", "full AC"])
+
+    def test_a_target_in_bytes_that_nothing_fits_recommends_nothing_and_says_so(self):
+        model, inputs = make_model()
+        advice = sac2.advise(model, inputs, steps=1, progress=False, candidates=["full AC"], memory_target=0)
+        self.assertIsNone(advice.recommended)
+        least = advice.row("full AC").kept_bytes
+        self.assertEqual(
+            str(advice).splitlines()[-1],
+            f"recommended: nothing: no setup keeps at most 0.0 KiB; the least is full AC ({least / 1024:.1f} KiB "
+            "kept). Raise the target or try more setups (candidates=[...]).",
+        )
+
+    def test_the_loss_fn_gives_the_loss(self):
+        model, inputs = make_model()
+        calls = []
+
+        def loss_fn(out: torch.Tensor) -> torch.Tensor:
+            calls.append(out.shape)
+            return out.pow(2).mean()
+
+        sac2.advise(model, inputs, steps=1, progress=False, candidates=["full AC"], loss_fn=loss_fn)
+        self.assertEqual(calls, [torch.Size([2, 16, 32])] * 4)  # 2 setups x (memory step + 1 timed step)
+
+    def test_unknown_candidate(self):
+        model, inputs = make_model()
+        with self.assertRaises(ValueError) as e:
+            sac2.advise(model, inputs, steps=1, candidates=["regions everything"])
+        self.assertExpectedInline(
+            str(e.exception),
+            """sac2.advise: no candidate setup 'regions everything'; the built-in ones are: none, full AC, selective llm(), stock SAC llm(), regions attention, regions attention+linear, regions linear, regions experts, budget 0.3, budget 0.5, budget 0.7.""",  # noqa: E501
+        )
+
+    def test_bad_memory_target(self):
+        model, inputs = make_model()
+        with self.assertRaises(ValueError) as e:
+            sac2.advise(model, inputs, steps=1, candidates=["full AC"], memory_target=1.5, progress=False)
+        self.assertExpectedInline(
+            str(e.exception),
+            """sac2.advise: memory_target must be bytes (an int >= 0) or a fraction in (0, 1] of what no checkpointing keeps (a float), got 1.5.""",  # noqa: E501
+        )
+
+    def test_block_memory_budget_profiles_the_first_block_with_its_inputs(self):
+        model, inputs = make_model()
+        budget = advisor.block_memory_budget(model, inputs, 0.5)
+        x = model.layers[0].norm.weight.new_empty(2, 16, 32).normal_().requires_grad_()
+        direct = sac2.policies.memory_budget(model.layers[0], (x,), 0.5, cost="flops")
+        self.assertEqual(budget.kept_bytes, direct.kept_bytes)
+
+
+class TestCommandLine(TestCase):
+    def misuse(self, argv: list[str]) -> str:
+        """Run ``sac2 advise``, which must exit 2 after its usage line; return the one error line."""
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as exit:
+            main(["advise", *argv])
+        self.assertEqual(exit.exception.code, 2, err.getvalue())
+        lines = err.getvalue().splitlines()
+        self.assertTrue(lines[0].startswith("usage: sac2 advise"), err.getvalue())
+        self.assertEqual([line for line in lines if "error:" in line], lines[-1:], err.getvalue())
+        return lines[-1]
+
+    def test_factory_runs_prints_and_writes_json(self):
+        path = f"{tempfile.mkdtemp()}/advice.json"
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["advise", "--factory", "test_advise:make_model", "--steps", "1", "--memory-target", "0.3",
+                         "--json", path])
+        self.assertEqual(code, 0)
+        with open(path) as f:
+            data = json.load(f)
+        self.assertEqual(data["target_bytes"], int(0.3 * data["rows"][0]["kept_bytes"]))
+        self.assertIn(f"recommended: {data['recommended']} ", out.getvalue())
+
+    def test_needs_a_model(self):
+        self.assertExpectedInline(
+            self.misuse([]), """sac2 advise: error: one of the arguments --config --factory is required"""
+        )
+
+    @pytest.mark.skipif("transformers" in sys.modules or advisor_cli.importlib.util.find_spec("transformers")
+                        is not None, reason="transformers is installed")
+    def test_config_without_transformers(self):
+        self.assertExpectedInline(
+            self.misuse(["--config", "tiny-llama"]),
+            """sac2 advise: error: argument --config: needs transformers (pip install transformers); or use --factory""",  # noqa: E501
+        )
+
+    def test_factory_not_module_colon_function(self):
+        self.assertExpectedInline(
+            self.misuse(["--factory", "test_advise.make_model"]),
+            """sac2 advise: error: argument --factory: must be module:function (e.g. mypkg.models:make), got 'test_advise.make_model'""",  # noqa: E501
+        )
+
+    def test_factory_module_cannot_be_imported(self):
+        self.assertExpectedInline(
+            self.misuse(["--factory", "no_such_module_xyz:make"]),
+            """sac2 advise: error: argument --factory: cannot import module 'no_such_module_xyz': ModuleNotFoundError: No module named 'no_such_module_xyz'""",  # noqa: E501
+        )
+
+    def test_factory_has_no_such_function(self):
+        self.assertExpectedInline(
+            self.misuse(["--factory", "test_advise:make_everything"]),
+            """sac2 advise: error: argument --factory: module 'test_advise' has no callable 'make_everything'""",
+        )
+
+    def test_factory_returns_no_model(self):
+        self.assertExpectedInline(
+            self.misuse(["--factory", "test_advise:make_nothing"]),
+            """sac2 advise: error: argument --factory: test_advise:make_nothing returned int; it must return an nn.Module or (model, example_inputs)""",  # noqa: E501
+        )
+
+    def test_bad_memory_target(self):
+        self.assertExpectedInline(
+            self.misuse(["--factory", "test_advise:make_model", "--memory-target", "lots"]),
+            """sac2 advise: error: argument --memory-target: must be a fraction in (0, 1] of what no checkpointing keeps (e.g. 0.5) or bytes with a unit (e.g. 200MiB, 1.5GiB, 300MB, 4096B), got 'lots'""",  # noqa: E501
+        )
+
+    def test_memory_target_forms(self):
+        parse = advisor_cli.parse_memory_target
+        self.assertEqual([parse("0.5"), parse("1"), parse("200MiB"), parse("1.5GiB"), parse("300MB"), parse("4096")],
+                         [0.5, 1.0, 200 * 2**20, int(1.5 * 2**30), 300 * 10**6, 4096])
+
