@@ -203,6 +203,18 @@ class TestOptions(TestCase):
         sac2.advise(model, inputs, steps=1, progress=False, candidates=["full AC"], loss_fn=loss_fn)
         self.assertEqual(calls, [torch.Size([2, 16, 32])] * 4)  # 2 setups x (memory step + 1 timed step)
 
+    def test_a_setup_that_changes_the_gradients_is_flagged_and_never_recommended(self):
+        model, inputs = make_model()
+
+        def corrupt(m: nn.Module) -> None:
+            with torch.no_grad():
+                m.layers[0].up.weight.mul_(2)
+
+        wrong = advisor.Candidate("wrong", "# doubles a weight", corrupt)
+        advice = sac2.advise(model, inputs, steps=1, progress=False, candidates=[wrong], memory_target=10**9)
+        self.assertEqual([r.equal for r in advice.rows], [True, False])
+        self.assertEqual((advice.recommended, advice.front), ("none", ["none"]))
+
     def test_unknown_candidate(self):
         model, inputs = make_model()
         with self.assertRaises(ValueError) as e:

@@ -1,0 +1,128 @@
+"""``python -m sac2 advise --config tiny-llama|tiny-qwen3-moe``: on real transformers models the recommendation
+keeps no more than stock SAC with ``llm()``, is on the Pareto front and fits the target, and its kept bytes are what a
+separate measurement of the same setup keeps; config misuse is one line (exit 2)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from expecttest import TestCase  # noqa: E402
+
+from sac2 import advisor, advisor_cli  # noqa: E402
+from sac2.__main__ import main  # noqa: E402
+from sac2.bench.memory import measure_step  # noqa: E402
+
+TARGET = "0.5"
+
+
+def _model(name: str) -> torch.nn.Module:
+    """The model ``--config name`` builds: the same seed, so the same random weights."""
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(advisor_cli._config(name))
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen3-moe"])
+def run(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("advise") / "advice.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["advise", "--config", request.param, "--steps", "1", "--seq", "32",
+                     "--memory-target", TARGET, "--json", str(path)])
+    return request.param, code, out.getvalue(), json.loads(path.read_text())
+
+
+def _row(data: dict, name: str) -> dict:
+    return next(r for r in data["rows"] if r["name"] == name)
+
+
+def test_exits_zero_and_prints_the_recommendation(run):
+    _, code, out, data = run
+    assert code == 0
+    assert out.splitlines()[-1] == f"    {data['code']}"
+
+
+def test_every_setup_matches_no_checkpointing_bit_for_bit(run):
+    assert [r["name"] for r in run[3]["rows"] if not r["equal"]] == []
+
+
+def test_recommendation_keeps_no_more_than_stock_sac_is_on_the_front_and_fits(run):
+    data = run[3]
+    best = _row(data, data["recommended"])
+    assert best["kept_bytes"] <= _row(data, "stock SAC llm()")["kept_bytes"]
+    assert data["recommended"] in data["pareto_front"]
+    assert best["kept_bytes"] <= data["target_bytes"] == int(float(TARGET) * _row(data, "none")["kept_bytes"])
+
+
+def test_experts_regions_apply_only_to_the_moe_model(run):
+    name, _, _, data = run
+    names = [r["name"] for r in data["rows"]]
+    if name == "tiny-qwen3-moe":
+        assert "regions experts" in names and data["skipped"] == {}
+    else:
+        assert "regions experts" not in names and list(data["skipped"]) == ["regions experts"]
+
+
+def test_recommended_kept_bytes_equal_a_separate_measurement(run):
+    name, _, _, data = run
+    model = _model(name)
+    inputs = advisor_cli._tokens(model, 2, 32)
+    candidate = next(c for c in advisor.candidates_for(model, inputs) if c.name == data["recommended"])
+    setup = copy.deepcopy(model)
+    candidate.prepare(setup)
+    memory, _ = measure_step(lambda: setup(**inputs).loss, "cpu")
+    assert memory.kept == _row(data, data["recommended"])["kept_bytes"]
+
+
+class TestConfigMisuse(TestCase):
+    def misuse(self, argv: list[str]) -> str:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as exit:
+            main(["advise", *argv])
+        self.assertEqual(exit.exception.code, 2, err.getvalue())
+        lines = err.getvalue().splitlines()
+        self.assertEqual([line for line in lines if "error:" in line], lines[-1:], err.getvalue())
+        return lines[-1]
+
+    def test_config_file_does_not_exist(self):
+        self.assertExpectedInline(
+            self.misuse(["--config", "/no/such/config.json"]),
+            """sac2 advise: error: argument --config: '/no/such/config.json' is neither a config.json file on disk nor a built-in config (tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-mixtral)""",  # noqa: E501
+        )
+
+    def test_config_file_is_not_json(self):
+        with open(self.tmp("config.json"), "w") as f:
+            f.write("hidden_size: 64\n")
+        self.assertExpectedInline(
+            self.misuse(["--config", self.tmp("config.json")]).replace(self.dir, "DIR"),
+            """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: not JSON (Expecting value: line 1 column 1 (char 0))""",  # noqa: E501
+        )
+
+    def test_config_file_has_no_model_type(self):
+        with open(self.tmp("config.json"), "w") as f:
+            json.dump({"hidden_size": 64}, f)
+        self.assertExpectedInline(
+            self.misuse(["--config", self.tmp("config.json")]).replace(self.dir, "DIR"),
+            """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: it has no 'model_type'""",  # noqa: E501
+        )
+
+    def test_config_file_runs(self):
+        model_type, kwargs = advisor_cli.CONFIGS["tiny-llama"]
+        with open(self.tmp("config.json"), "w") as f:
+            json.dump({"model_type": model_type, **kwargs, "num_hidden_layers": 2}, f)
+        config = advisor_cli._config(self.tmp("config.json"))
+        self.assertEqual((config.model_type, config.num_hidden_layers, config.use_cache), ("llama", 2, False))
+
+    def tmp(self, name: str) -> str:
+        import tempfile
+
+        if not hasattr(self, "dir"):
+            self.dir = tempfile.mkdtemp()
+        return f"{self.dir}/{name}"
