@@ -256,11 +256,10 @@ def _default_loss(output: Any) -> torch.Tensor:
         return loss
     if isinstance(output, torch.Tensor):
         return output.float().sum()
-    values = output.values() if isinstance(output, dict) else output
-    if isinstance(values, (tuple, list)) or hasattr(values, "__iter__"):
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                return v.float().sum()
+    values = output.values() if isinstance(output, dict) else output  # transformers' outputs are dicts
+    for v in values if isinstance(values, (tuple, list, type({}.values()))) else ():
+        if isinstance(v, torch.Tensor):
+            return v.float().sum()
     raise TypeError(messages.advise_no_loss(output))
 
 

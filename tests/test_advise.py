@@ -215,6 +215,30 @@ class TestOptions(TestCase):
         self.assertEqual([r.equal for r in advice.rows], [True, False])
         self.assertEqual((advice.recommended, advice.front), ("none", ["none"]))
 
+    def test_the_default_loss_sums_the_first_tensor_of_a_tuple_output(self):
+        class Pair(Model):
+            def forward(self, x: torch.Tensor) -> tuple[None, torch.Tensor]:
+                return None, super().forward(x)
+
+        _, inputs = make_model()
+        torch.manual_seed(0)
+        advice = sac2.advise(Pair(), inputs, steps=1, progress=False, candidates=["full AC"])
+        torch.manual_seed(0)
+        plain, _ = measure_step(lambda m=Model(): m(*inputs).float().sum(), "cpu")
+        self.assertEqual(advice.row("none").kept_bytes, plain.kept)
+
+    def test_an_output_without_a_tensor_needs_a_loss_fn(self):
+        class Nothing(Model):
+            def forward(self, x: torch.Tensor) -> str:
+                return "no tensor"
+
+        with self.assertRaises(TypeError) as e:
+            sac2.advise(Nothing(), (torch.randn(1, 2, 32),), steps=1, progress=False, candidates=["full AC"])
+        self.assertExpectedInline(
+            str(e.exception),
+            """sac2.advise: cannot make a scalar loss of the model's output (str: no .loss and no tensor in it); pass loss_fn=...""",  # noqa: E501
+        )
+
     def test_unknown_candidate(self):
         model, inputs = make_model()
         with self.assertRaises(ValueError) as e:
