@@ -224,7 +224,8 @@ class TestOptions(TestCase):
         torch.manual_seed(0)
         advice = sac2.advise(Pair(), inputs, steps=1, progress=False, candidates=["full AC"])
         torch.manual_seed(0)
-        plain, _ = measure_step(lambda m=Model(): m(*inputs).float().sum(), "cpu")
+        model = Model()
+        plain, _ = measure_step(lambda: model(*inputs).float().sum(), "cpu")
         self.assertEqual(advice.row("none").kept_bytes, plain.kept)
 
     def test_an_output_without_a_tensor_needs_a_loss_fn(self):
