@@ -1,16 +1,16 @@
 """The drop-in entry points: ``checkpoint`` and ``create_selective_checkpoint_contexts``.
 
-``checkpoint`` hands the frame work (saved-tensor hooks, RNG and autocast replay, early stop, the determinism
-check, debug traces) to torch's non-reentrant checkpoint, which is public and which dynamo turns into its
-``tag_activation_checkpoint`` HOP under torch.compile. sac2 supplies what decides what is kept: the two modes.
+In eager, ``checkpoint`` runs sac2's frame (``sac2.frame``: saved-tensor hooks, RNG and autocast replay, early
+stop, the determinism check, the user's saved-tensor hooks) with sac2's two modes deciding what is kept. Under
+torch.compile, and for ``use_reentrant=True``, it calls torch's checkpoint, which dynamo turns into its
+``tag_activation_checkpoint`` HOP; the modes tag the traced nodes there.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import warnings
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
 
 import torch
 import torch.utils.checkpoint as _tuc
@@ -19,7 +19,7 @@ from sac2 import _compat, frame, messages
 from sac2.answers import Policy, as_policy
 from sac2.modes import CachingMode, ReplayMode
 from sac2.notices import count_forward
-from sac2.record import Record, Saved
+from sac2.record import Record
 from sac2.region_record import RegionForward, RegionReplay, region_only
 
 if TYPE_CHECKING:
@@ -158,38 +158,19 @@ def _run(
     kwargs: dict[str, Any],
     *,
     use_reentrant: bool | None,
-    preserve_rng_state: bool,
-    context_fn: ContextFn,
-    determinism_check: str,
-    debug: bool,
-    early_stop: bool,
-    respect_saved_tensors_hooks: bool | None,
+    **options: Unpack[_compat.FrameOptions],
 ) -> Any:
     """One checkpointed call: sac2's frame in eager, torch's checkpoint (its HOP) under torch.compile and for
     ``use_reentrant=True``."""
     if kwargs and not _OPTIONS.isdisjoint(kwargs):  # the decorator form passes them to the function, as torch's does
         function, kwargs = functools.partial(function, **kwargs), {}
-    full = context_fn is _compat.noop_context_fn
     compiling = torch.compiler.is_compiling()
-    if full and not compiling:  # compiled full AC is torch's HOP alone; counting there would make dynamo guard
-        count_forward()  # on the counter's value and recompile at every step
+    if options["context_fn"] is _compat.noop_context_fn and not compiling:
+        count_forward()  # compiled full AC is torch's HOP alone: counting there would make dynamo guard on the
+        # counter's value and recompile at every step
     if use_reentrant or compiling:
-        return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), preserve_rng_state, context_fn,
-                                 determinism_check, debug, early_stop, respect_saved_tensors_hooks)
-    hooks = None if full else _compat.user_saved_tensors_hooks()
-    if hooks is None:
-        return frame.run(function, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
-                         determinism_check=determinism_check, debug=debug, early_stop=early_stop,
-                         respect_saved_tensors_hooks=respect_saved_tensors_hooks)
-    forwards: list[ContextManager[object]] = []
-    route = hooks if respect_saved_tensors_hooks else None
-    with_hooks = functools.partial(_contexts_with_hooks, context_fn, route, forwards)
-    out = frame.run(function, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=with_hooks,
-                    determinism_check=determinism_check, debug=debug, early_stop=early_stop,
-                    respect_saved_tensors_hooks=respect_saved_tensors_hooks)
-    if respect_saved_tensors_hooks is None and any(_saved_something(f) for f in forwards):
-        warnings.warn(messages.HOOKS_BYPASSED, FutureWarning, stacklevel=3)
-    return out
+        return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), options)
+    return frame.run(function, args, kwargs, **options)
 
 
 def _torch_checkpoint(
@@ -197,47 +178,21 @@ def _torch_checkpoint(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     use_reentrant: bool,
-    preserve_rng_state: bool,
-    context_fn: ContextFn,
-    determinism_check: str,
-    debug: bool,
-    early_stop: bool,
-    respect_saved_tensors_hooks: bool | None,
+    frame_options: _compat.FrameOptions,
 ) -> Any:
     """torch's own checkpoint: its reentrant frame, or, under torch.compile, what dynamo turns into its HOP (which
     rejects torch's default context_fn passed in, and needs the user's own; saved-tensor hooks are skipped under
     compile, as in torch)."""
-    options: dict[str, Any] = dict(
-        use_reentrant=use_reentrant,
-        preserve_rng_state=preserve_rng_state,
-        determinism_check=determinism_check,
-        debug=debug,
-        early_stop=early_stop,
-    )
-    if respect_saved_tensors_hooks is not None and _TORCH_TAKES_HOOKS_FLAG:
-        options["respect_saved_tensors_hooks"] = respect_saved_tensors_hooks
+    options: dict[str, Any] = dict(frame_options)
+    context_fn, respect = options.pop("context_fn"), options.pop("respect_saved_tensors_hooks")
+    options["use_reentrant"] = use_reentrant
+    if respect is not None and _TORCH_TAKES_HOOKS_FLAG:
+        options["respect_saved_tensors_hooks"] = respect
     if use_reentrant:
         if context_fn is not _compat.noop_context_fn:
             raise ValueError(messages.REENTRANT_WITH_POLICY)
-        if respect_saved_tensors_hooks is not None and not _TORCH_TAKES_HOOKS_FLAG:
+        if respect is not None and not _TORCH_TAKES_HOOKS_FLAG:
             raise ValueError(messages.REENTRANT_OPTIONS)  # torch 2.14's own error
     elif context_fn is not _compat.noop_context_fn:
         options["context_fn"] = context_fn
     return _tuc.checkpoint(function, *args, **options, **kwargs)
-
-
-def _contexts_with_hooks(
-    context_fn: ContextFn, hooks: _compat.HookPair | None, forwards: list[ContextManager[object]]
-) -> tuple[ContextManager[object], ContextManager[object]]:
-    """``context_fn()``, with sac2's forward context told which saved-tensor hooks its saved tensors go through."""
-    forward, recompute = context_fn()
-    if hasattr(forward, "saved_tensors_hooks"):
-        forward.saved_tensors_hooks = hooks
-        forwards.append(forward)
-    return forward, recompute
-
-
-def _saved_something(forward: object) -> bool:
-    record = getattr(forward, "record", None)
-    return record is not None and any(type(e) is Saved for e in record.log)
-

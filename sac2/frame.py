@@ -8,27 +8,50 @@ each saved tensor at its position, with the forward's RNG, autocast and device c
 tensor over and forgets it. Recompute stops once the last tensor the forward saved is back (early stop), and the
 shapes, dtypes and devices are compared with the forward's (the determinism check).
 
-That is what torch's non-reentrant checkpoint does, with its rules for nesting, backward inside forward, dead
-holders, ``retain_graph`` and errors (``CheckpointError``, torch's messages). The cost is a few list operations per
-saved tensor and hook, where torch's frame builds per-tensor dictionaries and handles and calls through
-``torch._dynamo.disable`` wrappers. ``debug=True`` and code traced by torch.compile, export or FX run on torch's own
-frame, which is also one switch away (``use_torch_frame``).
+The rules it keeps (each proven by the test named; torch's NOTE [Nestable Checkpoint] states the same for its frame):
+
+1. A tensor autograd saves in the checkpointed forward is kept as its position only; the first unpack of each
+   backward (graph task or ``GraphExecGroup``) recomputes them all (``test_frame``: bytes kept, retain_graph twice).
+2. Recompute replays the forward's CPU and device RNG states (``preserve_rng_state``), autocast state and device
+   context, and the states of the generators named by ``preserve_generators`` (``test_frame``,
+   ``test_never_silently_wrong``: explicit generators), and leaves every generator where it stood.
+3. A tensor unpacked twice in one backward is torch's ``CheckpointError``; a tensor written in place after it was
+   saved is autograd's own error, at unpack, as without checkpointing (``test_never_silently_wrong``).
+4. Early stop: recompute ends when the last saved tensor is back; sac2's replay mode lets an op that writes into
+   that tensor finish first (``test_frame``: early stop on/off/global).
+5. The determinism check compares the count, shapes, dtypes and devices of what recompute saved with the forward's
+   (``test_frame``: determinism check).
+6. Nesting: the inputs are saved as autograd saves tensors, so an inner checkpoint's recompute unpacks them from
+   the outer one, which recomputes first (``test_frame``: nesting both ways).
+7. What a selective policy saves goes through the user's saved-tensor hooks in scope when
+   ``respect_saved_tensors_hooks`` is True, bypasses them when False, and bypasses them with torch's FutureWarning
+   when None (``test_saved_tensors_hooks``).
+8. Exceptions in forward leave no hook, mode or flag behind (``test_frame``: exceptions leave nothing behind).
+
+The cost is a few list operations per saved tensor and hook, where torch's frame builds per-tensor dictionaries
+and handles and calls through ``torch._dynamo.disable`` wrappers. Code traced by torch.compile, export or FX runs
+on torch's own frame (its HOP), which is also one switch away (``use_torch_frame``).
 """
 
 from __future__ import annotations
 
 import enum
 import threading
+import warnings
 import weakref
-from typing import Any, Callable, ContextManager, Final, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Final, TypeAlias
 
 import torch
 from torch.utils.checkpoint import GraphExecGroup
 
 from sac2 import _compat, messages
+from sac2.invariants import InternalError
 from sac2.notices import count_forward
 
-__all__ = ["run", "frames", "use_torch_frame", "torch_frame_in_use", "CheckpointError"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["run", "frames", "use_torch_frame", "torch_frame_in_use", "preserve_generators", "CheckpointError"]
 
 Tensor = torch.Tensor
 CheckpointError = _compat.CheckpointError
@@ -63,6 +86,7 @@ Store: TypeAlias = list["Tensor | None | _Slot"]
 
 class _Switch(threading.local):
     torch_frame: bool = False
+    generators: tuple[torch.Generator, ...] = ()
 
 
 _switch = _Switch()
@@ -91,6 +115,30 @@ def torch_frame_in_use() -> bool:
     return _switch.torch_frame
 
 
+class preserve_generators:
+    """Checkpoints entered in this block replay these generators in recompute, as they replay the global RNG.
+
+    sac2's selective modes see every op that draws from a generator passed as ``generator=g`` and replay it
+    already; code no mode sees (full AC, the ops between one-line regions) draws from ``g`` again in recompute
+    unless ``g`` is named here, and would get other numbers than the forward did. Each generator is left where the
+    forward left it. ``with sac2.preserve_generators(g): loss = model(x)``; nests, per thread.
+    """
+
+    def __init__(self, *generators: torch.Generator) -> None:
+        for g in generators:
+            if not isinstance(g, torch.Generator):
+                raise TypeError(messages.not_a_generator(g))
+        self.generators = generators
+        self.prev: tuple[torch.Generator, ...] = ()
+
+    def __enter__(self) -> None:
+        self.prev = _switch.generators
+        _switch.generators = self.prev + self.generators
+
+    def __exit__(self, *exc: object) -> None:
+        _switch.generators = self.prev
+
+
 class Frame:
     """One checkpointed call: what its recompute needs, and what each backward recomputed.
 
@@ -98,8 +146,8 @@ class Frame:
     """
 
     __slots__ = (
-        "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "recompute_context", "rng",
-        "devices", "autocast", "device_context", "stores", "completed", "ignore_mismatch",
+        "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
+        "generators", "devices", "autocast", "device_context", "stores", "completed", "ignore_mismatch",
     )
 
     def __init__(
@@ -118,12 +166,19 @@ class Frame:
         self.check = determinism_check == "default"
         self.holders: list[weakref.ref[_Holder]] = []
         self.metas: list[Meta] = []
+        #: Per position: a witness of the saved tensor's version counter (``_compat.version_witness``, else a weak
+        #: reference to the tensor) and its version when saved, for autograd's in-place check (rule 3); None under
+        #: ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed.
+        self.versions: list[tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None]] | None = (
+            None if _compat.mutation_on_saved_tensors_allowed() else []
+        )
         self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
         self.ignore_mismatch = False
         self.devices = _compat.checkpoint_devices(args)
         self.autocast = _compat.autocast_state(self.devices)
         self.rng = _compat.rng_states(self.devices) if preserve_rng_state else None
+        self.generators = [(g, g.get_state()) for g in _switch.generators]
         self.device_context = _compat.device_context()
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
         self.inputs: list[object] = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
@@ -131,12 +186,16 @@ class Frame:
     def hooks(self) -> tuple[Callable[[Tensor], _Holder], Callable[[_Holder], Tensor]]:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
         hooks in its graph): only the unpack hook does."""
-        holders, metas, check, ref, new = self.holders, self.metas, self.check, weakref.ref, _Holder.__new__
+        holders, metas, versions, check = self.holders, self.metas, self.versions, self.check
+        ref, new, version, witness = weakref.ref, _Holder.__new__, _compat.version, _compat.version_witness
 
         def pack(x: Tensor) -> _Holder:
             h = new(_Holder)
             h.index = len(holders)
             holders.append(ref(h))
+            if versions is not None:
+                w = witness(x)  # (a witness has no shape of its own: keep the tensor's for the error message)
+                versions.append((ref(x), version(x), None) if w is None else (w, version(x), x.shape))
             if check:
                 metas.append((x.shape, x.dtype, x.device))
             return h
@@ -145,6 +204,11 @@ class Frame:
 
     def unpack(self, h: _Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
+        if self.versions is not None:
+            saved, packed_version, shape = self.versions[h.index]
+            x = saved if isinstance(saved, Tensor) else saved()
+            if x is not None and _compat.version(x) != packed_version:
+                self._modified(x, shape, packed_version, h.index)
         gid = _compat.graph_task()
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
             t = self.recompute()[h.index]
@@ -157,8 +221,15 @@ class Frame:
             if t is _UNPACKED:
                 raise CheckpointError(messages.unpacked_twice(_compat.graph_exec_group() is not None))
             store[i] = _UNPACKED
-        assert isinstance(t, Tensor), "recompute fills the slot of every live holder"
+        if not isinstance(t, Tensor):
+            raise InternalError(messages.internal_error(messages.SLOT_UNFILLED))
         return t
+
+    def _modified(self, x: Tensor, shape: torch.Size | None, packed_version: int, position: int) -> None:
+        """autograd's error for a saved tensor written in place after it was saved, with where it was saved."""
+        tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
+        node = _compat.current_node_name()
+        raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, position))
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
@@ -197,6 +268,7 @@ class Frame:
         if self.device_context is not None:
             contexts.append(_compat.fresh_device_context(self.device_context))
         rng = _compat.set_rng_states(self.rng) if self.rng is not None else None
+        generators = [(g, _replace_state(g, state)) for g, state in self.generators]
         grad_was = _compat.set_grad_enabled(True)
         _compat.push_checkpoint_hooks(pack, _identity)
         try:
@@ -208,6 +280,8 @@ class Frame:
             _compat.set_grad_enabled(grad_was)
             if rng is not None:
                 _compat.set_rng_states(rng)
+            for g, state in generators:
+                g.set_state(state)
         if not self.ignore_mismatch:
             self._check(count, store)
         return store
@@ -243,6 +317,13 @@ def _identity(x: Tensor) -> Tensor:
     return x
 
 
+def _replace_state(g: torch.Generator, state: Tensor) -> Tensor:
+    """Set ``g`` to ``state``; return the state it had."""
+    now = g.get_state()
+    g.set_state(state)
+    return now
+
+
 def _detach(x: Tensor) -> Tensor:
     return x.detach()
 
@@ -266,87 +347,127 @@ def _validate(determinism_check: str) -> None:
 
 
 def run(
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    preserve_rng_state: bool,
-    context_fn: ContextFn,
-    determinism_check: str,
-    debug: bool,
-    early_stop: bool,
-    respect_saved_tensors_hooks: bool | None = None,
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[_compat.FrameOptions]
 ) -> Any:
     """``function(*args, **kwargs)`` checkpointed by sac2's frame, or by torch's where sac2's does not apply."""
-    _validate(determinism_check)
-    if _delegated(debug):
-        return _compat.run_torch_frame(function, args, kwargs, preserve_rng_state=preserve_rng_state,
-                                       context_fn=context_fn, determinism_check=determinism_check, debug=debug,
-                                       early_stop=early_stop, respect_saved_tensors_hooks=respect_saved_tensors_hooks)
-    forward_context, recompute_context = _contexts(context_fn, respect_saved_tensors_hooks)
-    if not torch.is_grad_enabled():
+    _validate(options["determinism_check"])
+    if _delegated(options["debug"]):
+        told: list[ContextManager[object] | None] = []
+        out = _compat.run_torch_frame(function, args, kwargs, **_telling(options, told))
+        _warn_if_bypassed(told, stacklevel=5)
+        return out
+    forward = _Forward.start(function, args, kwargs, options)
+    if forward is None:
         return function(*args, **kwargs)
-    frame = _frame(function, args, kwargs, preserve_rng_state, recompute_context, determinism_check, early_stop)
-    pack, unpack = frame.hooks()
-    _enter(forward_context, pack, unpack)
     try:
         out = function(*args, **kwargs)
     except BaseException as error:
-        _exit(forward_context, pack, error)
+        forward.end(error)
         raise
-    _exit(forward_context, pack, None)
-    _completed(frame)
+    forward.end(None)
     return out
 
 
 def frames(
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    preserve_rng_state: bool,
-    context_fn: ContextFn,
-    determinism_check: str,
-    debug: bool,
-    early_stop: bool,
-    respect_saved_tensors_hooks: bool | None = None,
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[_compat.FrameOptions]
 ) -> _compat.FrameGenerator:
     """The same as ``run``, in the shape of torch's frame: a generator that yields once, while the function runs,
     and that torch's ``checkpoint`` drives with ``next``/``throw`` while sac2 is installed."""
-    _validate(determinism_check)
-    if _delegated(debug):
-        yield from _compat.torch_frame(function, args, kwargs, preserve_rng_state=preserve_rng_state,
-                                       context_fn=context_fn, determinism_check=determinism_check, debug=debug,
-                                       early_stop=early_stop, respect_saved_tensors_hooks=respect_saved_tensors_hooks)
+    _validate(options["determinism_check"])
+    if _delegated(options["debug"]):
+        told: list[ContextManager[object] | None] = []
+        yield from _compat.torch_frame(function, args, kwargs, **_telling(options, told))
+        _warn_if_bypassed(told, stacklevel=4)
         return
-    if context_fn is _compat.noop_context_fn:
+    if options["context_fn"] is _compat.noop_context_fn:
         count_forward()  # full AC through sac2 counts, so a check that sac2 runs holds for it too
-    forward_context, recompute_context = _contexts(context_fn, respect_saved_tensors_hooks)
-    if not torch.is_grad_enabled():
+    forward = _Forward.start(function, args, kwargs, options)
+    if forward is None:
         yield
         return
-    frame = _frame(function, args, kwargs, preserve_rng_state, recompute_context, determinism_check, early_stop)
-    pack, unpack = frame.hooks()
-    _enter(forward_context, pack, unpack)
     try:
         yield
     except BaseException as error:
-        _exit(forward_context, pack, error)
+        forward.end(error)
         raise
-    _exit(forward_context, pack, None)
-    _completed(frame)
+    forward.end(None, stacklevel=5)  # warnings point at the line calling torch's checkpoint
+
+
+class _Forward:
+    """One checkpointed forward on sac2's frame, between ``start`` (before the function runs) and ``end``."""
+
+    __slots__ = ("frame", "context", "pack", "warn_bypassed")
+
+    def __init__(self, frame: Frame, context: ContextManager[object] | None, warn_bypassed: bool) -> None:
+        self.frame, self.context, self.warn_bypassed = frame, context, warn_bypassed
+        self.pack, unpack = frame.hooks()
+        _enter(context, self.pack, unpack)
+
+    @classmethod
+    def start(
+        cls, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], o: _compat.FrameOptions
+    ) -> _Forward | None:
+        """The forward's frame, entered; None in no-grad mode, where nothing is saved to checkpoint."""
+        forward_context, recompute_context, warn_bypassed = _contexts(o["context_fn"], o["respect_saved_tensors_hooks"])
+        if not torch.is_grad_enabled():
+            return None
+        frame = _frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
+                       o["early_stop"])
+        return cls(frame, forward_context, warn_bypassed)
+
+    def end(self, error: BaseException | None, stacklevel: int = 6) -> None:
+        """Leave the forward (``error``: what it raised); ``stacklevel`` of the line that called ``checkpoint``."""
+        _exit(self.context, self.pack, error)
+        if error is not None:
+            return
+        _completed(self.frame)
+        if self.warn_bypassed:
+            _warn_if_bypassed([self.context], stacklevel)
 
 
 def _contexts(
     context_fn: ContextFn, respect_saved_tensors_hooks: bool | None
-) -> tuple[ContextManager[object] | None, ContextManager[object] | None]:
-    """The (forward, recompute) contexts ``context_fn`` gives; (None, None) for torch's no-op default, which the
-    frame then skips entering."""
+) -> tuple[ContextManager[object] | None, ContextManager[object] | None, bool]:
+    """The (forward, recompute) contexts ``context_fn`` gives ((None, None) for torch's no-op default, which the
+    frame then skips entering), told whether what they save goes through the user's saved-tensor hooks in scope
+    (rule 7); and whether torch's FutureWarning is due if something is saved (the hooks were bypassed by default)."""
     if context_fn is _compat.noop_context_fn:
-        return None, None
+        return None, None, False
     forward_context, recompute_context = context_fn()
     _compat.tell_torch_sac_modes(forward_context, respect_saved_tensors_hooks)
-    return forward_context, recompute_context
+    if not hasattr(forward_context, "saved_tensors_hooks"):  # not sac2's: torch's or the user's own contexts
+        return forward_context, recompute_context, False
+    hooks = _compat.user_saved_tensors_hooks()
+    forward_context.saved_tensors_hooks = hooks if respect_saved_tensors_hooks else None
+    return forward_context, recompute_context, hooks is not None and respect_saved_tensors_hooks is None
+
+
+def _warn_if_bypassed(contexts: list[ContextManager[object] | None], stacklevel: int) -> None:
+    """torch's FutureWarning, once the forward is done, if one of ``contexts`` (forward contexts whose saves
+    bypassed the user's hooks by default) saved something."""
+    for context in contexts:
+        record = getattr(context, "record", None)
+        if record is not None and record.saves_anything():
+            warnings.warn(messages.HOOKS_BYPASSED, FutureWarning, stacklevel=stacklevel)
+            return
+
+
+def _telling(options: _compat.FrameOptions, told: list[ContextManager[object] | None]) -> _compat.FrameOptions:
+    """``options`` for torch's frame, with a ``context_fn`` that tells sac2's forward context about the user's
+    saved-tensor hooks as sac2's frame does (rule 7); forward contexts owing the warning go to ``told``."""
+    context_fn, respect = options["context_fn"], options["respect_saved_tensors_hooks"]
+    if context_fn is _compat.noop_context_fn:
+        return options
+
+    def telling() -> tuple[ContextManager[object], ContextManager[object]]:
+        forward, recompute, warn = _contexts(context_fn, respect)
+        if forward is None or recompute is None:
+            raise InternalError(messages.internal_error(messages.NO_CONTEXTS))
+        if warn:
+            told.append(forward)
+        return forward, recompute
+
+    return {**options, "context_fn": telling}
 
 
 def _frame(

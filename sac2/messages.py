@@ -31,6 +31,9 @@ __all__ = [
     "unexpected_keyword_arguments", "REENTRANT_WITH_POLICY", "REENTRANT_OPTIONS", "HOOKS_BYPASSED",
     "unpacked_twice", "more_saved_in_recompute", "saved_count_differs", "metadata_differs",
     "CONTEXT_SUPPRESSED_ERROR", "DEVICE_INITIALIZED_IN_FORWARD", "bad_determinism_check", "FRAME_YIELDED_TWICE",
+    "saved_tensor_modified", "internal_error", "not_a_generator", "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
+    "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
+    "NO_GRADIENT",
     # wrappers, apply_ac, regions (sac2.wrappers, sac2.apply, sac2.model_regions, sac2.compiled)
     "WRAPPER_REENTRANT_WITH_POLICY", "nested_checkpoint", "already_checkpointed", "CHECKPOINT_MODULE_REENTRANT",
     "apply_ac_bad_mode", "apply_ac_policy_needs_selective", "apply_ac_save_needs_regions", "apply_ac_bad_every",
@@ -297,6 +300,40 @@ HOOKS_BYPASSED = (
     "like any other saved tensor. Silence this warning and choose the behavior explicitly by passing "
     "respect_saved_tensors_hooks=True|False to sac2.checkpoint."
 )
+
+
+def saved_tensor_modified(tensor: str, version: int, saved: int, node: str | None, position: int) -> str:
+    """autograd's error for a saved tensor written in place after it was saved (its words lead), and where."""
+    by = f"{node} saved it" if node else "it was saved"
+    return (
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"{tensor} is at version {version}; expected version {saved} instead. sac2: {by} inside a checkpointed "
+        f"function (saved tensor {position} of its forward), and it was written in place after that, so the "
+        "gradient would be computed from another value than the forward used. Without checkpointing autograd "
+        "raises this error too: write into a copy (t = t.clone()) or after the backward."
+    )
+
+
+def internal_error(what: str) -> str:
+    """A broken invariant of sac2's own engine (never the user's doing)."""
+    return f"sac2 internal error: {what}. This is a bug in sac2; please report it with the code that triggers it."
+
+
+#: The invariants of sac2's engine, as ``internal_error`` names them.
+SLOT_UNFILLED = "recompute left no tensor at the position of a live holder"
+NO_CONTEXTS = "a context_fn gave no (forward, recompute) contexts"
+NO_STOP_PENDING = "early stop finished an op with no stop pending"
+NEVER_PACKED = "a saved entry was unpacked that its hooks never packed"
+NOT_OFFLOADED = "a saved entry was prefetched that was never moved to the host"
+NOT_SAVED = "a position the record serves or lists as saved holds no saved entry"
+COMPOSE_EMPTY = "compose holds no policy (its constructor requires one)"
+PROFILER_NOT_RUN = "allocation sizes were read from a profiler that has not run and stopped"
+COPY_BACK_NOT_STARTED = "an offloaded entry was waited for before its copy back started"
+NO_GRADIENT = "a tensor that requires grad has no gradient after its backward"
+
+
+def not_a_generator(value: object) -> str:
+    return f"sac2.preserve_generators takes torch.Generator objects, got {type(value).__name__}."
 
 
 def unpacked_twice(in_graph_exec_group: bool) -> str:

@@ -22,6 +22,7 @@ import torch
 
 from sac2 import _compat, dispatch_flags, keys, messages, writes
 from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, PolicyFn, SaveList, decide, op_name
+from sac2.invariants import InternalError
 from sac2.notices import count_forward, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.record import Record, Saved, rng_before, rng_moved
@@ -189,6 +190,8 @@ class CachingMode(SacMode):
                 entry.rng = rng_moved(rng)
                 record.add(entry, offload)
                 return out
+        if rng is not None and kwargs.get("generator") is not None:
+            record.draws[len(log)] = rng  # recompute draws again from the user's generator: from this state
         log.append(key)
         return out
 
@@ -377,10 +380,25 @@ class ReplayMode(SacMode):
             raise RuntimeError(messages.recompute_ran_past_forward(op_name(key), i, len(self._log))) from None
         self._cursor = i + 1
         if entry is key:
-            return op.call(*args, **kwargs)
+            return self._redraw(i, op, args, kwargs) if op.random else op.call(*args, **kwargs)
         if type(entry) is Saved and entry.key is key:
             return self._serve(entry, i, func, args, kwargs)
         return self._realign(i, func, op, key, args, kwargs)
+
+    def _redraw(self, i: int, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A recomputed random op: it draws what it drew in forward. The global generators are replayed by the
+        frame (``preserve_rng_state``); a generator the user passed is set to its state before the forward's
+        call, and put back after, where the forward left it (where no checkpointing leaves it)."""
+        draw = self.record.draws.get(i)
+        if draw is None:
+            return op.call(*args, **kwargs)
+        gen, before = draw
+        now = gen.get_state()
+        gen.set_state(before)
+        try:
+            return op.call(*args, **kwargs)
+        finally:
+            gen.set_state(now)
 
     def _unbump(self) -> None:
         _compat.set_versions(self._bumped)
@@ -396,7 +414,8 @@ class ReplayMode(SacMode):
         self.__torch_dispatch__(func, types, args, kwargs)
         if rng is not None:
             rng[0].set_state(rng[1])
-        assert stop is not None
+        if stop is None:
+            raise InternalError(messages.internal_error(messages.NO_STOP_PENDING))
         raise stop()
 
     def _realign(
@@ -426,7 +445,7 @@ class ReplayMode(SacMode):
         entry = log[j] if j < len(log) else None
         if j > i and entry is key:
             self._cursor = j + 1
-            return op.call(*args, **kwargs)
+            return self._redraw(j, op, args, kwargs) if op.random else op.call(*args, **kwargs)
         if j > i and type(entry) is Saved and entry.key is key:
             self._cursor = j + 1
             return self._serve(entry, j, func, args, kwargs)

@@ -15,7 +15,9 @@ from typing import Any, Iterable
 
 import torch
 
+from sac2 import messages
 from sac2._compat import tree_leaves, tree_map
+from sac2.invariants import InternalError
 from sac2.writes import Path
 
 __all__ = ["Offloaded", "cuda_device", "to_host", "to_device", "wait"]
@@ -100,7 +102,8 @@ def to_device(off: Offloaded) -> tuple[Any, Written]:
 def wait(off: Offloaded, out: Any, written: Written) -> None:
     """Make the compute stream wait for the copy back, and tell the allocator that stream now uses the tensors."""
     compute = torch.cuda.current_stream(off.device)
-    assert off.event is not None, "to_device started the copy back"
+    if off.event is None:
+        raise InternalError(messages.internal_error(messages.COPY_BACK_NOT_STARTED))
     compute.wait_event(off.event)
     for t in [*tree_leaves(out), *(t for _, t in written)]:
         if isinstance(t, Tensor) and t.is_cuda:

@@ -22,6 +22,7 @@ import torch
 from sac2 import _compat, messages, offload, writes
 from sac2._compat import tree_map
 from sac2.answers import op_name
+from sac2.invariants import InternalError
 from sac2.keys import Key
 from sac2.notices import warn_once
 
@@ -162,7 +163,8 @@ class Saved:
     # --- recompute -----------------------------------------------------------------------------------------
     def unpack(self) -> None:
         """Put what the hooks kept back into the entry (the packed form stays, for another backward)."""
-        assert self.hooks is not None and self.packed is not None
+        if self.hooks is None or self.packed is None:
+            raise InternalError(messages.internal_error(messages.NEVER_PACKED))
         unpack_hook = self.hooks[1]
 
         def one(x: object) -> object:
@@ -174,7 +176,8 @@ class Saved:
 
     def prefetch(self) -> None:
         """Start copying an offloaded entry back to its device."""
-        assert isinstance(self.offload, offload.Offloaded), "only entries moved to the host are prefetched"
+        if not isinstance(self.offload, offload.Offloaded):
+            raise InternalError(messages.internal_error(messages.NOT_OFFLOADED))
         self.out, self.writes = offload.to_device(self.offload)
 
     def restore(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -232,9 +235,11 @@ class Record:
 
     ``saved_at`` lists the positions of saved op entries (regions are not in it); while the forward runs,
     ``by_storage`` maps each storage a saved entry holds to the entry holding it (a list when several do).
+    ``draws`` maps the position of each recomputed random op that drew from a generator the user passed
+    (``generator=g``) to that generator and its state before the op: recompute draws the same numbers from it.
     """
 
-    __slots__ = ("log", "saved_at", "by_storage", "packed", "offloaded", "served")
+    __slots__ = ("log", "saved_at", "by_storage", "packed", "offloaded", "served", "draws")
 
     def __init__(self) -> None:
         self.log: list[Saved | Key] = []
@@ -244,6 +249,11 @@ class Record:
         self.packed = False  # some entries are held by the user's saved-tensor hooks
         self.offloaded: list[Saved] = []  # entries answered CPU_OFFLOAD
         self.served: list[Saved] = []  # entries this recompute served and keeps for another
+        self.draws: dict[int, tuple[torch.Generator, Tensor]] = {}
+
+    def saves_anything(self) -> bool:
+        """Whether the forward saved some op or region."""
+        return any(type(e) is Saved for e in self.log)
 
     def add(self, entry: Saved, offloaded: bool = False) -> None:
         """Append a saved op (``offloaded``: answered CPU_OFFLOAD)."""
@@ -312,7 +322,8 @@ class Record:
         kept = []
         for i in self.saved_at:
             entry = self.log[i]
-            assert type(entry) is Saved, "saved_at lists saved entries"
+            if type(entry) is not Saved:
+                raise InternalError(messages.internal_error(messages.NOT_SAVED))
             if entry.modified():
                 stale = messages.stale_in_forward(self.describe(i), bool(entry.writes))
                 warn_once("modified-in-forward", entry.key, stale)
@@ -347,7 +358,8 @@ class Record:
         goes with the backward's own references. A region is never forgotten: run again in a later recompute (a
         backward through another output), it would save for backward what the forward kept for it."""
         entry = self.log[i]
-        assert type(entry) is Saved, "the modes serve saved entries"
+        if type(entry) is not Saved:
+            raise InternalError(messages.internal_error(messages.NOT_SAVED))
         entry.restore(args, kwargs)
         if entry.requires_grad is not None or _compat.backward_keeps_graph():
             out = entry.serve(args, kwargs)

@@ -50,11 +50,11 @@ class CommandLineTestCase(TestCase):
 
 class TestCommand(CommandLineTestCase):
     def test_no_command(self):
-        self.assertExpectedInline(self.misuse([]), """sac2: error: no command given; the commands are: bench""")
+        self.assertExpectedInline(self.misuse([]), """sac2: error: no command given; the commands are: bench, advise""")
 
     def test_unknown_command(self):
         self.assertExpectedInline(
-            self.misuse(["benchmark"]), """sac2: error: unknown command 'benchmark'; the commands are: bench"""
+            self.misuse(["benchmark"]), """sac2: error: unknown command 'benchmark'; the commands are: bench, advise"""
         )
 
 

@@ -17,6 +17,7 @@ from sac2._compat.autograd import (
     autocast_state,
     backward_keeps_graph,
     checkpoint_devices,
+    current_node_name,
     device_context,
     device_initialized_since,
     fresh_device_context,
@@ -24,6 +25,7 @@ from sac2._compat.autograd import (
     graph_task,
     in_checkpoint_forward,
     make_saved_tensor,
+    mutation_on_saved_tensors_allowed,
     noop_context_fn,
     pop_checkpoint_hooks,
     push_checkpoint_hooks,
@@ -32,6 +34,7 @@ from sac2._compat.autograd import (
     set_rng_states,
     unpack_saved_tensor,
     user_saved_tensors_hooks,
+    version_witness,
 )
 from sac2._compat.dispatch import (
     TorchDispatchMode,
@@ -178,6 +181,9 @@ __all__ = [
     "RngStates",
     "SavedTensor",
     "checkpoint_devices",
+    "current_node_name",
+    "mutation_on_saved_tensors_allowed",
+    "version_witness",
     "autocast_state",
     "autocast_contexts",
     "rng_states",

@@ -21,7 +21,8 @@ __all__ = [
     "checkpoint_devices", "autocast_state", "autocast_contexts", "rng_states",
     "set_rng_states", "device_initialized_since", "device_context", "fresh_device_context", "make_saved_tensor",
     "unpack_saved_tensor", "graph_exec_group", "graph_task", "push_checkpoint_hooks", "pop_checkpoint_hooks",
-    "set_grad_enabled", "HookPair", "Devices", "AutocastState", "RngStates", "SavedTensor",
+    "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed", "version_witness",
+    "HookPair", "Devices", "AutocastState", "RngStates", "SavedTensor",
 ]
 
 #: A (pack, unpack) pair of saved-tensor hooks: pack turns a tensor into anything, unpack turns that back.
@@ -312,6 +313,48 @@ def push_checkpoint_hooks(
 def pop_checkpoint_hooks(pack: Callable[[torch.Tensor], Any]) -> None:
     _pop_hooks()
     del pack._user_hooks  # type: ignore[attr-defined]  # the graph keeps the hooks, but not the user's through them
+
+
+def current_node_name() -> str | None:
+    """The name of the autograd node the engine is running (``MmBackward0``), or None outside a backward.
+
+    Removable: torch exposes the running node publicly.
+    """
+    node: Any = torch._C._current_autograd_node()  # None outside a backward, whatever the stubs say
+    return None if node is None else str(node.name())
+
+
+_EMPTY: dict[torch.device, torch.Tensor] = {}
+_DisableTorchDispatch = torch._C._DisableTorchDispatch
+
+
+def version_witness(t: torch.Tensor) -> torch.Tensor | None:
+    """A tensor that shares ``t``'s version counter and nothing else (no storage, no autograd history), so that
+    in-place writes into ``t`` show after ``t`` itself is gone; None where one cannot be made (tensor subclasses,
+    non-strided layouts): there the caller watches ``t`` weakly.
+
+    Removable: torch exposes a tensor's version counter as an object.
+    """
+    if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_nested:
+        return None
+    with _DisableTorchDispatch():  # nothing here is an op of the user's program: no mode is to see it
+        empty = _EMPTY.get(t.device)
+        if empty is None:
+            empty = _EMPTY[t.device] = torch.empty(0, device=t.device)
+        w = t.detach()
+    try:
+        w.data = empty  # set_data: new storage and sizes, same version counter, no version bump
+    except RuntimeError:  # a tensor type set_data refuses to mix with a plain one (quantized, mkldnn, ...)
+        return None
+    return w
+
+
+def mutation_on_saved_tensors_allowed() -> bool:
+    """Whether ``torch.autograd.graph.allow_mutation_on_saved_tensors()`` is in effect.
+
+    Removable: torch exposes whether the context is active.
+    """
+    return bool(getattr(torch.autograd.graph, "_allow_mutation_on_saved_tensors_enabled", False))
 
 
 def set_grad_enabled(enabled: bool) -> bool:

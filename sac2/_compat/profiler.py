@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from sac2 import messages
+from sac2.invariants import InternalError
+
 __all__ = ["allocation_sizes"]
 
 
@@ -17,7 +20,8 @@ def allocation_sizes(prof: torch.profiler.profile) -> list[int]:
     Removable: the CPU allocator keeps statistics (``memory_allocated`` on CPU).
     """
     results = prof.profiler.kineto_results if prof.profiler is not None else None
-    assert results is not None, "allocation_sizes reads a profiler that has run and stopped"
+    if results is None:
+        raise InternalError(messages.internal_error(messages.PROFILER_NOT_RUN))
     events = [e for e in results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
     return [e.nbytes() for e in events]  # type: ignore[attr-defined]  # torch's _KinetoEvent stub lacks nbytes

@@ -180,7 +180,8 @@ def as_torch_frame(frames: Callable[..., FrameGenerator]) -> Callable[..., Frame
                       context_fn: ContextFn = noop, determinism_check: str = "default", debug: bool = False,
                       early_stop: bool = True, *args: Any, **kwargs: Any) -> FrameGenerator:
             return frames(fn, args, kwargs, preserve_rng_state=preserve_rng_state, context_fn=context_fn,
-                          determinism_check=determinism_check, debug=debug, early_stop=early_stop)
+                          determinism_check=determinism_check, debug=debug, early_stop=early_stop,
+                          respect_saved_tensors_hooks=None)
 
     generator.__name__ = generator.__qualname__ = TORCH_FRAME.__name__
     return generator

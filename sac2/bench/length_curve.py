@@ -16,7 +16,9 @@ import torch
 import torch.utils.checkpoint as tuc
 
 import sac2
+from sac2 import messages
 from sac2.answers import Policy
+from sac2.invariants import InternalError
 
 __all__ = ["CURVE_LENGTHS", "CURVE_SAVE_LIST", "curve", "format_curve", "stock_sac", "sac2_sac"]
 
@@ -99,7 +101,8 @@ def curve(lengths: Sequence[int] = CURVE_LENGTHS, repeat: int = 5) -> dict[str, 
 def _grad_of(x: torch.Tensor) -> torch.Tensor:
     """``x.grad`` after a backward (read here: mypy would keep the caller's ``x.grad = None`` narrowing)."""
     grad = x.grad
-    assert grad is not None, "x requires grad and a backward ran"
+    if grad is None:
+        raise InternalError(messages.internal_error(messages.NO_GRADIENT))
     return grad
 
 

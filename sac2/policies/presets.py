@@ -21,6 +21,7 @@ from torch import nn
 
 from sac2 import _compat, messages, pickling
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
+from sac2.invariants import InternalError
 from sac2.keys import PolicyOp, Region
 
 __all__ = [
@@ -292,7 +293,8 @@ class _Compose:
                 return answer
             if first is None:
                 first = answer
-        assert first is not None, "compose takes at least one policy"
+        if first is None:
+            raise InternalError(messages.internal_error(messages.COMPOSE_EMPTY))
         return first
 
     def __repr__(self) -> str:

@@ -1,0 +1,247 @@
+"""Judged against training without checkpointing: what it rejects sac2 rejects, what it computes sac2 computes.
+
+sac2 runs its own frame, so torch's old limits are sac2's to fix: a tensor saved for backward and written in place
+afterwards raises autograd's own error (not a wrong gradient), a random op drawing from the user's generator draws
+the same numbers in recompute, the user's saved-tensor hooks are honoured on every route, and a hook that changes a
+tensor's strides does not break recompute.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.utils.checkpoint as tuc
+from torch import nn
+
+import sac2
+
+from helpers import ROOT, contexts
+
+_AUTOGRAD_INPLACE = r"^one of the variables needed for gradient computation has been modified by an inplace operation"
+
+
+class _WritesASavedTensor(nn.Module):
+    """The issue's snippet: ``lin`` saves ``n`` for its weight's gradient, then ``n`` is written in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x * 2.0
+        y = self.lin(n)
+        n.add_(1.0)
+        return (y * n).sin()
+
+
+_ROUTES: dict[str, Callable[[nn.Module, torch.Tensor], torch.Tensor]] = {
+    "full AC": lambda m, x: sac2.checkpoint(m, x),
+    "SAC saving the matmul": lambda m, x: sac2.checkpoint(m, x, context_fn=contexts([torch.ops.aten.addmm.default])),
+    "SAC saving nothing": lambda m, x: sac2.checkpoint(m, x, context_fn=contexts([])),
+    "torch's checkpoint under install()": lambda m, x: _installed(m, x),
+}
+
+
+def _installed(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with sac2.install():
+        return tuc.checkpoint(m, x, use_reentrant=False)
+
+
+def test_without_checkpointing_the_snippet_raises_autograds_error():
+    with pytest.raises(RuntimeError, match=_AUTOGRAD_INPLACE):
+        _WritesASavedTensor()(torch.randn(4, 8, requires_grad=True)).sum().backward()
+
+
+@pytest.mark.parametrize("route", list(_ROUTES))
+def test_a_saved_tensor_written_in_place_later_in_the_forward_raises_autograds_error(route):
+    out = _ROUTES[route](_WritesASavedTensor(), torch.randn(4, 8, requires_grad=True))
+    with pytest.raises(RuntimeError, match=_AUTOGRAD_INPLACE + r".*sac2: AddmmBackward0 saved it"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("route", ["full AC", "SAC saving nothing"])
+def test_a_saved_tensor_written_in_place_after_the_forward_raises_autograds_error(route):
+    x = torch.randn(4, requires_grad=True)
+    out = _ROUTES[route](nn.Sequential(nn.Tanh()), x)  # tanh saves its output
+    with torch.no_grad():
+        out.mul_(2)
+    with pytest.raises(RuntimeError, match=_AUTOGRAD_INPLACE):
+        out.sum().backward()
+
+
+def test_a_write_before_the_tensor_is_saved_is_no_error():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        n = x * 2.0
+        n.add_(1.0)  # autograd saves n only below, after the write
+        return n.sin()
+
+    x = torch.randn(5, requires_grad=True)
+    (want,) = torch.autograd.grad(f(x).sum(), [x])
+    (got,) = torch.autograd.grad(sac2.checkpoint(f, x).sum(), [x])
+    assert torch.equal(got, want)
+
+
+def test_allow_mutation_on_saved_tensors_still_allows_writing_a_saved_input():
+    x = torch.randn(4, requires_grad=True)
+    h = x * 1
+    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        out = sac2.checkpoint(torch.sin, h)
+        h.add_(1)  # the context keeps the original for backward
+        (got,) = torch.autograd.grad(out.sum(), [x])
+    assert torch.equal(got, x.detach().cos())
+
+
+# ---- explicit generators ----
+
+
+def _noisy(g: torch.Generator) -> Callable[[torch.Tensor], torch.Tensor]:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * torch.randn(x.shape, generator=g)).sin()
+
+    return f
+
+
+def _grads_and_generator(run: Callable[[Callable[..., Any], torch.Tensor], torch.Tensor]) -> tuple[Any, ...]:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    (grad,) = torch.autograd.grad(run(_noisy(g), x).sum(), [x])
+    return grad, g.get_state()
+
+
+_NO_CHECKPOINT = functools.partial(_grads_and_generator, lambda f, x: f(x))
+
+
+@pytest.mark.parametrize("policy", [[], [torch.ops.aten.randn.generator]], ids=["recomputed", "saved"])
+def test_a_random_op_drawing_from_the_users_generator_draws_the_same_numbers_in_recompute(policy):
+    got = _grads_and_generator(lambda f, x: sac2.checkpoint(f, x, context_fn=contexts(policy)))
+    want = _NO_CHECKPOINT()
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1]), "the generator is left where no checkpointing leaves it"
+
+
+def test_full_ac_replays_the_generators_preserve_generators_names():
+    def run(f: Callable[..., Any], x: torch.Tensor) -> torch.Tensor:
+        g = inspect.getclosurevars(f).nonlocals["g"]
+        with sac2.preserve_generators(g):
+            return sac2.checkpoint(f, x)
+
+    got, want = _grads_and_generator(run), _NO_CHECKPOINT()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_full_ac_draws_again_from_a_generator_it_was_not_told_about():
+    # docs/concepts.md: no mode sees the ops of full AC; name the generator with sac2.preserve_generators.
+    got, want = _grads_and_generator(lambda f, x: sac2.checkpoint(f, x)), _NO_CHECKPOINT()
+    assert not torch.equal(got[0], want[0])
+
+
+def test_preserve_generators_takes_generators_only():
+    with pytest.raises(TypeError, match="takes torch.Generator objects, got int"):
+        sac2.preserve_generators(3)
+
+
+# ---- the user's saved-tensor hooks ----
+
+
+def _counting_hooks() -> tuple[Any, dict[str, int]]:
+    counts = {"pack": 0}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        counts["pack"] += 1
+        return t
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), counts
+
+
+def _packs(route: str, respect: bool | None) -> tuple[int, list[type[Warning]]]:
+    x = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    policy = [torch.ops.aten.exp.default, torch.ops.aten.tanh.default]
+    hooks, counts = _counting_hooks()
+    with pytest.warns() if respect is None else _no_warning() as caught, hooks:
+        if route == "sac2.checkpoint":
+            out = sac2.checkpoint(lambda t: t.exp().tanh(), x, context_fn=contexts(policy),
+                                  respect_saved_tensors_hooks=respect)
+        else:
+            with sac2.install():
+                context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, policy)
+                out = tuc.checkpoint(lambda t: t.exp().tanh(), x, use_reentrant=False, context_fn=context_fn,
+                                     respect_saved_tensors_hooks=respect)
+    out.sum().backward()
+    return counts["pack"], [w.category for w in caught]
+
+
+class _no_warning:
+    def __enter__(self) -> list[Any]:
+        import warnings
+
+        self._catch = warnings.catch_warnings(record=True)
+        caught = self._catch.__enter__()
+        warnings.simplefilter("always")
+        return caught
+
+    def __exit__(self, *exc: object) -> None:
+        self._catch.__exit__(*exc)
+
+
+_TORCH_TAKES_THE_FLAG = "respect_saved_tensors_hooks" in inspect.signature(tuc.checkpoint).parameters
+
+
+@pytest.mark.skipif(not _TORCH_TAKES_THE_FLAG, reason="torch 2.13's checkpoint has no respect_saved_tensors_hooks")
+@pytest.mark.parametrize("respect", [True, False, None])
+def test_respect_saved_tensors_hooks_does_under_install_what_it_does_through_sac2(respect):
+    assert _packs("install()", respect) == _packs("sac2.checkpoint", respect)
+
+
+@pytest.mark.parametrize(("respect", "packs"), [(True, 3), (False, 1)])
+def test_what_the_policy_saves_goes_through_the_users_hooks_only_when_respected(respect, packs):
+    # the checkpoint's input goes through them either way, as autograd saves it; exp's and tanh's outputs too
+    # when respected
+    assert _packs("sac2.checkpoint", respect)[0] == packs
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().clone()  # what save_on_cpu's copy into a fresh buffer does to a transposed tensor
+
+
+def _column_major(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous().t() if t.dim() == 2 else t.clone()  # the same values, transposed strides
+
+
+@pytest.mark.parametrize("repack", [_contiguous, _column_major], ids=["to contiguous", "to column-major"])
+def test_a_hook_that_changes_an_inputs_strides_does_not_break_recompute(repack):
+    # The checkpoint's input comes back from the user's hook with other strides, so reshape views it in one run
+    # and copies it (clone, _unsafe_view) in the other.
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x.reshape(-1, 8) @ w).relu()
+
+    base = torch.randn(4, 6, requires_grad=True)
+    w = torch.randn(8, 3, requires_grad=True)
+    x = base.t() if repack is _contiguous else base.reshape(6, 4)
+    with torch.autograd.graph.saved_tensors_hooks(repack, lambda t: t):
+        want = torch.autograd.grad(f(x, w).sum(), [base, w])  # the same hooks, without checkpointing
+        out = sac2.checkpoint(f, x, w, context_fn=contexts([torch.ops.aten.mm.default]),
+                              respect_saved_tensors_hooks=True)
+    got = torch.autograd.grad(out.sum(), [base, w])
+    for a, b in zip(got, want, strict=True):
+        # Not bitwise: without checkpointing mm's backward reads the layout the hook gave its saved input; with
+        # it, the recomputed one, so the matmul sums in another order.
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+# ---- engine checks ----
+
+
+def test_no_engine_check_is_a_bare_assert_that_python_O_would_drop():
+    bare = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sorted((ROOT / "sac2").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assert)
+    ]
+    assert bare == []
