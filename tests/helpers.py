@@ -7,6 +7,7 @@ registered here once per process, under the ``sac2_test_helpers`` namespace.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from pathlib import Path
@@ -22,14 +23,18 @@ import sac2
 
 __all__ = [
     "ROOT",
+    "COUNTED",
     "randn",
     "grads",
     "contexts",
     "Block",
     "OpRuns",
     "counted_op",
+    "scaling_op",
     "exp_function",
+    "into_buffer",
     "python_blocks",
+    "inplace_chain",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,9 +54,16 @@ def grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...] | list[torch.Tenso
     return torch.autograd.grad(out.sum(), tuple(inputs))
 
 
-def contexts(policy: Any, **kwargs: Any) -> Callable[[], tuple[Any, Any]]:
-    """A ``context_fn`` giving sac2's (forward, recompute) modes for ``policy``, fresh for each forward."""
-    return lambda: sac2.create_selective_checkpoint_contexts(policy, **kwargs)
+def contexts(policy: Any, *, factory: bool = False, **kwargs: Any) -> Callable[[], tuple[Any, Any]]:
+    """A ``context_fn`` giving sac2's (forward, recompute) modes for ``policy``, fresh for each forward.
+
+    ``kwargs`` go to ``create_selective_checkpoint_contexts``. With ``factory=True``, ``policy`` is a function
+    making the policy, called for each forward: a policy with state (a counter) starts afresh every time. The
+    result is a ``functools.partial`` of sac2's function, so it pickles where the policy does.
+    """
+    if factory:
+        return lambda: sac2.create_selective_checkpoint_contexts(policy(), **kwargs)
+    return functools.partial(sac2.create_selective_checkpoint_contexts, policy, **kwargs)
 
 
 # ---- a model ----
@@ -110,7 +122,6 @@ class OpRuns(TorchDispatchMode):
 
 def _tensors(out: Any) -> list[torch.Tensor]:
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-
 
 
 _counts: Counter = Counter()

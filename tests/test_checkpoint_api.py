@@ -15,6 +15,8 @@ from expecttest import TestCase
 
 import sac2
 
+from helpers import contexts, randn
+
 aten = torch.ops.aten
 _executions = {"counted_neg": 0}
 
@@ -30,15 +32,6 @@ counted_neg.register_autograd(lambda ctx, grad: -grad)
 COUNTED = torch.ops.sac2_test_api.counted_neg.default
 
 
-def _x(*shape: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(*(shape or (3, 3)), generator=g, dtype=torch.float64).requires_grad_()
-
-
-def _contexts(policy: Any) -> Callable:
-    return partial(sac2.create_selective_checkpoint_contexts, policy)
-
-
 def _neg_then_exp(a: torch.Tensor) -> torch.Tensor:
     return counted_neg(torch.mm(a, a)).exp()  # exp keeps its output: counted_neg must run again or be served
 
@@ -50,7 +43,7 @@ def _exp_then_neg(a: torch.Tensor) -> torch.Tensor:
 def _runs(fn: Callable, **checkpoint_kwargs: Any) -> int:
     """How often counted_neg runs in a checkpointed forward + backward of ``fn``."""
     _executions["counted_neg"] = 0
-    sac2.checkpoint(fn, _x(), **checkpoint_kwargs).sum().backward()
+    sac2.checkpoint(fn, randn(3, 3, dtype=torch.float64), **checkpoint_kwargs).sum().backward()
     return _executions["counted_neg"]
 
 
@@ -87,16 +80,16 @@ def _answer_for_counted(value: Any) -> Callable:
 
 @pytest.mark.parametrize("value", SAVING, ids=str)
 def test_saving_policy_value_serves_op_in_recompute(value: Any) -> None:
-    assert _runs(_neg_then_exp, context_fn=_contexts(_answer_for_counted(value))) == 1
+    assert _runs(_neg_then_exp, context_fn=contexts(_answer_for_counted(value))) == 1
 
 
 @pytest.mark.parametrize("value", RECOMPUTING, ids=str)
 def test_recomputing_policy_value_reruns_op(value: Any) -> None:
-    assert _runs(_neg_then_exp, context_fn=_contexts(_answer_for_counted(value))) == 2
+    assert _runs(_neg_then_exp, context_fn=contexts(_answer_for_counted(value))) == 2
 
 
 def test_list_policy_given_as_tuple_saves_its_ops() -> None:
-    assert _runs(_neg_then_exp, context_fn=_contexts((COUNTED,))) == 1
+    assert _runs(_neg_then_exp, context_fn=contexts((COUNTED,))) == 1
 
 
 def test_ctx_op_output_is_the_ops_output() -> None:
@@ -106,8 +99,8 @@ def test_ctx_op_output_is_the_ops_output() -> None:
         seen.append((op, ctx.op_output))
         return False
 
-    x = _x()
-    sac2.checkpoint(lambda a: torch.mm(a, a).sin(), x, context_fn=_contexts(policy))
+    x = randn(3, 3, dtype=torch.float64)
+    sac2.checkpoint(lambda a: torch.mm(a, a).sin(), x, context_fn=contexts(policy))
     with torch.no_grad():
         mm = torch.mm(x, x)
     assert [op for op, _ in seen] == [aten.mm.default, aten.sin.default]
@@ -122,7 +115,7 @@ def test_policy_is_called_in_forward_only() -> None:
         calls.append(ctx.is_recompute)
         return False
 
-    y = sac2.checkpoint(_neg_then_exp, _x(), context_fn=_contexts(policy))
+    y = sac2.checkpoint(_neg_then_exp, randn(3, 3, dtype=torch.float64), context_fn=contexts(policy))
     assert calls == [False] * 3  # mm, counted_neg, exp
     y.sum().backward()
     assert calls == [False] * 3
@@ -131,18 +124,20 @@ def test_policy_is_called_in_forward_only() -> None:
 def test_use_reentrant_none_means_false_without_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _runs(_neg_then_exp, use_reentrant=None, context_fn=_contexts([COUNTED])) == 1
+        assert _runs(_neg_then_exp, use_reentrant=None, context_fn=contexts([COUNTED])) == 1
 
 
 class TestReentrant(TestCase):
     def test_with_context_fn_raises(self) -> None:
         with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(_neg_then_exp, _x(), use_reentrant=True, context_fn=_contexts([COUNTED]))
+            sac2.checkpoint(
+                _neg_then_exp, randn(3, 3, dtype=torch.float64), use_reentrant=True, context_fn=contexts([COUNTED])
+            )
         self.assertExpectedInline(str(cm.exception), """sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective policy; drop use_reentrant (sac2 defaults to False) to use context_fn.""")  # noqa: E501
 
     def test_without_context_fn_gives_equal_gradients(self) -> None:
-        expected = _grad(_plain, _neg_then_exp, _x())
-        actual = _grad(partial(sac2.checkpoint, use_reentrant=True), _neg_then_exp, _x())
+        expected = _grad(_plain, _neg_then_exp, randn(3, 3, dtype=torch.float64))
+        actual = _grad(partial(sac2.checkpoint, use_reentrant=True), _neg_then_exp, randn(3, 3, dtype=torch.float64))
         assert torch.equal(actual, expected)
 
 
@@ -152,41 +147,43 @@ def _dropout(a: torch.Tensor) -> torch.Tensor:
 
 def _seeded_grad(call: Callable) -> torch.Tensor:
     torch.manual_seed(0)
-    return _grad(call, _dropout, _x())
+    return _grad(call, _dropout, randn(3, 3, dtype=torch.float64))
 
 
 def test_preserve_rng_state_true_replays_dropout_mask() -> None:
-    call = partial(sac2.checkpoint, preserve_rng_state=True, context_fn=_contexts([]))
+    call = partial(sac2.checkpoint, preserve_rng_state=True, context_fn=contexts([]))
     assert torch.equal(_seeded_grad(call), _seeded_grad(_plain))
 
 
 def test_preserve_rng_state_false_draws_a_new_dropout_mask() -> None:
-    call = partial(sac2.checkpoint, preserve_rng_state=False, context_fn=_contexts([]))
+    call = partial(sac2.checkpoint, preserve_rng_state=False, context_fn=contexts([]))
     assert not torch.equal(_seeded_grad(call), _seeded_grad(_plain))
 
 
 def test_determinism_check_none_gives_equal_gradients() -> None:
-    call = partial(sac2.checkpoint, determinism_check="none", context_fn=_contexts([aten.mm.default]))
-    assert torch.equal(_grad(call, _neg_then_exp, _x()), _grad(_plain, _neg_then_exp, _x()))
+    call = partial(sac2.checkpoint, determinism_check="none", context_fn=contexts([aten.mm.default]))
+    x, x_ref = randn(3, 3, dtype=torch.float64), randn(3, 3, dtype=torch.float64)
+    assert torch.equal(_grad(call, _neg_then_exp, x), _grad(_plain, _neg_then_exp, x_ref))
 
 
 def test_early_stop_skips_ops_after_the_last_needed_one() -> None:
-    assert _runs(_exp_then_neg, context_fn=_contexts([])) == 1
+    assert _runs(_exp_then_neg, context_fn=contexts([])) == 1
 
 
 def test_early_stop_false_recomputes_the_whole_function() -> None:
-    assert _runs(_exp_then_neg, early_stop=False, context_fn=_contexts([])) == 2
+    assert _runs(_exp_then_neg, early_stop=False, context_fn=contexts([])) == 2
 
 
 def test_debug_without_context_fn_gives_equal_gradients() -> None:
     call = partial(sac2.checkpoint, debug=True)
-    assert torch.equal(_grad(call, _neg_then_exp, _x()), _grad(_plain, _neg_then_exp, _x()))
+    x, x_ref = randn(3, 3, dtype=torch.float64), randn(3, 3, dtype=torch.float64)
+    assert torch.equal(_grad(call, _neg_then_exp, x), _grad(_plain, _neg_then_exp, x_ref))
 
 
 class TestDebug(TestCase):
     def test_with_context_fn_raises_torchs_error(self) -> None:
         with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(_neg_then_exp, _x(), debug=True, context_fn=_contexts([COUNTED]))
+            sac2.checkpoint(_neg_then_exp, randn(3, 3, dtype=torch.float64), debug=True, context_fn=contexts([COUNTED]))
         self.assertExpectedInline(str(cm.exception), """debug=True is incompatible with non-default context_fn""")
 
 
@@ -202,9 +199,9 @@ def test_autocast_state_is_kept_in_recompute(policy: list) -> None:
 
         return run
 
-    x_ref, x = _x().float().detach().requires_grad_(), _x().float().detach().requires_grad_()
+    x_ref, x = (randn(3, 3, dtype=torch.float64).float().detach().requires_grad_() for _ in range(2))
     expected = _grad(autocast(_plain), fn, x_ref)
-    actual = _grad(autocast(partial(sac2.checkpoint, context_fn=_contexts(policy))), fn, x)
+    actual = _grad(autocast(partial(sac2.checkpoint, context_fn=contexts(policy))), fn, x)
     assert torch.equal(actual, expected)
 
 
@@ -221,7 +218,7 @@ def _two_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_backward_releases_the_saved_outputs_it_served() -> None:
     caching, replay = sac2.create_selective_checkpoint_contexts([aten.mm.default])
-    a, b = sac2.checkpoint(_two_outputs, _x(), context_fn=lambda: (caching, replay))
+    a, b = sac2.checkpoint(_two_outputs, randn(3, 3, dtype=torch.float64), context_fn=lambda: (caching, replay))
     assert aten.mm.default not in caching.record.log  # saved: a Saved entry, not the bare op
     (a.sum() + b.sum()).backward()
     assert aten.mm.default in caching.record.log  # served once, forgotten: its memory went with the backward
@@ -233,9 +230,9 @@ def _disjoint(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_a_second_backward_recomputes_what_the_first_released() -> None:
-    x = _x()
+    x = randn(3, 3, dtype=torch.float64)
     before = _executions["counted_neg"]
-    a, b = sac2.checkpoint(_disjoint, x, context_fn=_contexts([aten.mm.default, COUNTED]))
+    a, b = sac2.checkpoint(_disjoint, x, context_fn=contexts([aten.mm.default, COUNTED]))
     (got_a,) = torch.autograd.grad(a.sum(), x)  # serves counted_neg, then forgets it
     (got_b,) = torch.autograd.grad(b.sum(), x)  # a new recompute: runs counted_neg again instead
     assert _executions["counted_neg"] - before == 2  # forward, then the second backward's recompute
@@ -251,34 +248,34 @@ def test_the_context_holds_no_output_once_the_forward_ends() -> None:
         seen.append(ctx)
         return False
 
-    sac2.checkpoint(lambda t: t.sin().cos(), _x(), context_fn=_contexts(policy))
+    sac2.checkpoint(lambda t: t.sin().cos(), randn(3, 3, dtype=torch.float64), context_fn=contexts(policy))
     assert seen and seen[-1].op_output is None  # a policy keeping ctx as a per-forward key keeps no tensor alive
 
 
 def test_decorator_form_checkpoints_with_its_options() -> None:
-    checkpointed = sac2.checkpoint(use_reentrant=False, context_fn=_contexts([COUNTED]))(_neg_then_exp)
+    checkpointed = sac2.checkpoint(use_reentrant=False, context_fn=contexts([COUNTED]))(_neg_then_exp)
     _executions["counted_neg"] = 0
-    x = _x()
+    x = randn(3, 3, dtype=torch.float64)
     checkpointed(x).sum().backward()
     assert _executions["counted_neg"] == 1  # saved: the options reached the checkpoint
-    assert torch.equal(x.grad, _grad(_plain, _neg_then_exp, _x()))
+    assert torch.equal(x.grad, _grad(_plain, _neg_then_exp, randn(3, 3, dtype=torch.float64)))
 
 
 class _Layer:
     def __init__(self, scale: float) -> None:
         self.scale = scale
 
-    @sac2.checkpoint(use_reentrant=False, context_fn=_contexts([COUNTED]))
+    @sac2.checkpoint(use_reentrant=False, context_fn=contexts([COUNTED]))
     def forward(self, a: torch.Tensor) -> torch.Tensor:
         return _neg_then_exp(a) * self.scale
 
 
 def test_decorator_form_on_a_method_binds_the_instance() -> None:
     _executions["counted_neg"] = 0
-    x = _x()
+    x = randn(3, 3, dtype=torch.float64)
     _Layer(3.0).forward(x).sum().backward()
     assert _executions["counted_neg"] == 1
-    assert torch.equal(x.grad, _grad(_plain, lambda a: _neg_then_exp(a) * 3.0, _x()))
+    assert torch.equal(x.grad, _grad(_plain, lambda a: _neg_then_exp(a) * 3.0, randn(3, 3, dtype=torch.float64)))
 
 
 def test_decorator_form_keeps_the_functions_name() -> None:
@@ -292,7 +289,7 @@ def test_decorator_form_passes_keyword_arguments_named_like_options_to_the_funct
         seen["debug"] = debug
         return a.sin()
 
-    sac2.checkpoint(use_reentrant=False)(fn)(_x(), debug="the function's")
+    sac2.checkpoint(use_reentrant=False)(fn)(randn(3, 3, dtype=torch.float64), debug="the function's")
     assert seen == {"debug": "the function's"}
 
 
@@ -314,7 +311,7 @@ def _forwarded(monkeypatch: pytest.MonkeyPatch, **options: Any) -> dict:
 
     monkeypatch.setattr(tuc, "checkpoint", spy)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    sac2.checkpoint(torch.sin, _x(), **options)
+    sac2.checkpoint(torch.sin, randn(3, 3, dtype=torch.float64), **options)
     (kwargs,) = calls
     return kwargs
 
@@ -328,7 +325,7 @@ def test_no_context_fn_is_forwarded_when_none_is_given(monkeypatch: pytest.Monke
 
 
 def test_every_option_given_is_forwarded(monkeypatch: pytest.MonkeyPatch) -> None:
-    context_fn = _contexts([])
+    context_fn = contexts([])
     options = dict(preserve_rng_state=False, determinism_check="none", early_stop=False, context_fn=context_fn)
     assert _forwarded(monkeypatch, **options) == {**DEFAULTS, **options}
 
@@ -343,7 +340,9 @@ def test_respect_saved_tensors_hooks_is_forwarded_only_to_a_torch_that_takes_it(
 class TestReentrantHooksFlag(TestCase):
     def test_respect_saved_tensors_hooks_with_use_reentrant_raises(self) -> None:
         with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(_neg_then_exp, _x(), use_reentrant=True, respect_saved_tensors_hooks=True)
+            sac2.checkpoint(
+                _neg_then_exp, randn(3, 3, dtype=torch.float64), use_reentrant=True, respect_saved_tensors_hooks=True
+            )
         self.assertExpectedInline(str(cm.exception), """Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when use_reentrant=False.""")  # noqa: E501
 
 

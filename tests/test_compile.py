@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 
-from helpers import scaling_op
+from helpers import randn, scaling_op
 
 DTYPE = torch.float64
 runs = {"saved": 0, "recomputed": 0}
@@ -38,10 +38,6 @@ def _policy(ctx, op, *args, **kwargs) -> bool:
 
 def _checkpointed(x: torch.Tensor) -> torch.Tensor:
     return sac2.checkpoint(_block, x, context_fn=partial(sac2.create_selective_checkpoint_contexts, _policy))
-
-
-def _x() -> torch.Tensor:
-    return torch.randn(5, dtype=DTYPE, generator=torch.Generator().manual_seed(0)).requires_grad_()
 
 
 def _backward_runs(fn: Callable, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -64,7 +60,7 @@ class TestCompiledCodeUnderSac2(TestCase):
     def test_a_mode_that_does_not_ignore_compile_internals_makes_dynamo_skip(self):
         # The control for the tests below: a skipped frame leaves counters["frames"] empty.
         with _NotIgnoringCompile():
-            torch.compile(torch.sin, backend="aot_eager")(_x())
+            torch.compile(torch.sin, backend="aot_eager")(randn(5, dtype=DTYPE))
         self.assertEqual(dict(counters["frames"]), {})
 
     def test_compiled_function_called_directly_compiles_with_uncheckpointed_gradients(self):
@@ -73,7 +69,7 @@ class TestCompiledCodeUnderSac2(TestCase):
         def fn(x):
             return compiled(x.exp()).sum()
 
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         out = sac2.checkpoint(fn, x, context_fn=partial(sac2.create_selective_checkpoint_contexts, _policy))
         grad = torch.autograd.grad(out, x)[0]
         self.assertEqual(dict(counters["frames"]), {"total": 1, "ok": 1})
@@ -86,7 +82,7 @@ class TestCompiledCodeUnderSac2(TestCase):
         def fn(x):
             return region(x.exp()).sum()
 
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         for policy in ([sac2.Region("fused")], []):
             out = sac2.checkpoint(fn, x, context_fn=partial(sac2.create_selective_checkpoint_contexts, policy))
             grad = torch.autograd.grad(out, x)[0]
@@ -99,7 +95,7 @@ class TestSac2UnderCompile(TestCase):
         torch._dynamo.reset()
 
     def test_fullgraph_compile_reruns_in_backward_what_eager_does(self):
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         eager_grad, eager_runs = _backward_runs(_checkpointed, x)
         compiled = torch.compile(_checkpointed, backend="aot_eager", fullgraph=True)
         compiled_grad, compiled_runs = _backward_runs(compiled, x)
@@ -118,7 +114,7 @@ class TestSac2UnderCompile(TestCase):
         def save_cos():
             return sac2.create_selective_checkpoint_contexts([torch.ops.aten.cos.default])
 
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         for context_fn, expected in ((save_attn, 0), (save_cos, 1)):
             torch._dynamo.reset()
 

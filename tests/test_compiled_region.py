@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sac2
 from sac2 import _compat
 
-from helpers import counted_op, randn
+from helpers import contexts, counted_op, randn
 
 DTYPE = torch.float64
 NO_FLAGS = (False, False, False)
@@ -27,20 +27,12 @@ NO_FLAGS = (False, False, False)
 counted, counted_runs = counted_op("test_compiled_region")
 
 
-def _contexts(policy: Any) -> Callable:
-    return partial(sac2.create_selective_checkpoint_contexts, policy)
-
-
 def _recompute_all(ctx, op, *args, **kwargs) -> bool:
     return False
 
 
-def _x(n: int = 5) -> torch.Tensor:
-    return randn(n, dtype=DTYPE)
-
-
 def _grad_and_backward_runs(fn: Callable, x: torch.Tensor, policy: Any) -> tuple[torch.Tensor, int]:
-    out = sac2.checkpoint(fn, x, context_fn=_contexts(policy))
+    out = sac2.checkpoint(fn, x, context_fn=contexts(policy))
     before = counted_runs()
     grad = torch.autograd.grad(out, x)[0]
     return grad, counted_runs() - before
@@ -63,7 +55,7 @@ class TestCompiledRegion(TestCase):
                 y = y.cos().exp()
             return y.sum()
 
-        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        sac2.checkpoint(fn, randn(5, dtype=DTYPE), context_fn=contexts(_recompute_all))
         self.assertEqual(seen, {"stack": [], "flags": NO_FLAGS})
 
     def test_sac2_sees_no_dispatch_of_the_body(self):
@@ -79,8 +71,8 @@ class TestCompiledRegion(TestCase):
                 y = y.cos().exp().tanh()
             return y.sum()
 
-        x = _x()
-        grad = torch.autograd.grad(sac2.checkpoint(fn, x, context_fn=_contexts(policy)), x)[0]
+        x = randn(5, dtype=DTYPE)
+        grad = torch.autograd.grad(sac2.checkpoint(fn, x, context_fn=contexts(policy)), x)[0]
         self.assertEqual(seen, ["aten.sin.default", "aten.sum.default"])  # forward only: recompute asks nothing
         self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))  # the body ran again in recompute
 
@@ -95,7 +87,7 @@ class TestCompiledRegion(TestCase):
             seen["in_mode"] = _compat.dispatch_flags()
             return x.sin().sum()
 
-        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        sac2.checkpoint(fn, randn(5, dtype=DTYPE), context_fn=contexts(_recompute_all))
         self.assertEqual(seen, {"same": True, "in_mode": (True, True, False)})
         self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([], NO_FLAGS))
 
@@ -111,7 +103,7 @@ class TestCompiledRegion(TestCase):
                 seen["same"] = before == (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
             return x.sin().sum()
 
-        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        sac2.checkpoint(fn, randn(5, dtype=DTYPE), context_fn=contexts(_recompute_all))
         self.assertEqual(seen, {"same": True})
 
     def test_nests(self):
@@ -126,7 +118,7 @@ class TestCompiledRegion(TestCase):
             seen["restored"] = _compat.dispatch_mode_stack() == stack
             return x.sin().sum()
 
-        sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+        sac2.checkpoint(fn, randn(5, dtype=DTYPE), context_fn=contexts(_recompute_all))
         self.assertEqual(seen, {"inner": [], "after_inner": [], "restored": True})
 
     def test_is_a_no_op_outside_sac(self):
@@ -143,7 +135,7 @@ class TestCompiledRegion(TestCase):
             return x.sum()
 
         with self.assertRaises(RuntimeError) as err:
-            sac2.checkpoint(fn, _x(), context_fn=_contexts(_recompute_all))
+            sac2.checkpoint(fn, randn(5, dtype=DTYPE), context_fn=contexts(_recompute_all))
         self.assertExpectedInline(
             str(err.exception),
             """sac2.compiled_region: test_compiled_region._Foreign is on the dispatch-mode stack above sac2's modes; sac2 pops only its own modes, which must be innermost. Enter that mode outside the checkpointed function, or inside the region's body.""",  # noqa: E501
@@ -157,11 +149,11 @@ class TestCompiledRegion(TestCase):
                 y.add_(1)  # makes the saved value stale: sac2 must notice although it does not see this op
             return (y * x).sum()
 
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         ref = torch.autograd.grad(fn(x), x)[0]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out = sac2.checkpoint(fn, x, context_fn=_contexts([torch.ops.aten.mul.Tensor]))
+            out = sac2.checkpoint(fn, x, context_fn=contexts([torch.ops.aten.mul.Tensor]))
         self.assertTrue(any("modified in place" in str(w.message) for w in caught))
         self.assertTrue(torch.equal(torch.autograd.grad(out, x)[0], ref))
 
@@ -173,7 +165,7 @@ class TestCompiledRegion(TestCase):
                 y = compiled(x.exp())
             return y.sum()
 
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         torch._dynamo.utils.counters.clear()
         grad, _ = _grad_and_backward_runs(fn, x, [torch.ops.aten.exp.default])  # compiles under sac2
         self.assertEqual(dict(torch._dynamo.utils.counters["frames"]), {"total": 1, "ok": 1})
@@ -196,12 +188,12 @@ class TestCompiledRegion(TestCase):
             return x.sin()
 
         def a():
-            sac2.checkpoint(forward_a, _x(), context_fn=_contexts(_recompute_all))
+            sac2.checkpoint(forward_a, randn(5, dtype=DTYPE), context_fn=contexts(_recompute_all))
             a_out.set()
 
         def b():
             a_in.wait(10)
-            sac2.checkpoint(forward_b, _x(), context_fn=_contexts(_recompute_all))
+            sac2.checkpoint(forward_b, randn(5, dtype=DTYPE), context_fn=contexts(_recompute_all))
 
         threads = [threading.Thread(target=a), threading.Thread(target=b)]
         for t in threads:
@@ -223,11 +215,11 @@ class TestCompiledRegion(TestCase):
                 y = y.cos()
             return y.exp().sum()
 
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         ref = torch.autograd.grad(_plain(x), x)[0]
 
         def work():
-            out = sac2.checkpoint(fn, x, context_fn=_contexts([torch.ops.aten.sin.default]))
+            out = sac2.checkpoint(fn, x, context_fn=contexts([torch.ops.aten.sin.default]))
             grads.append(torch.autograd.grad(out, x)[0])
 
         threads = [threading.Thread(target=work) for _ in range(4)]
@@ -259,7 +251,7 @@ def _saving_regions(ctx, op, *args, **kwargs) -> bool:
 
 class TestRegion(TestCase):
     def setUp(self):
-        x = _x()
+        x = randn(5, dtype=DTYPE)
         self.x = x
         self.ref = torch.autograd.grad(_block(x), x)[0]
 
@@ -280,7 +272,7 @@ class TestRegion(TestCase):
             seen.append((op, ctx.op_output, len(args)))
             return False
 
-        sac2.checkpoint(_block, self.x, context_fn=_contexts(policy))
+        sac2.checkpoint(_block, self.x, context_fn=contexts(policy))
         self.assertEqual([s for s in seen if isinstance(s[0], sac2.Region)], [(sac2.Region("attn"), None, 1)])
 
     def test_default_name_is_the_qualname(self):
@@ -301,7 +293,7 @@ class TestRegion(TestCase):
             seen.append(op)
             return False
 
-        sac2.checkpoint(lambda x: fn(x).sum(), self.x, context_fn=_contexts(policy))
+        sac2.checkpoint(lambda x: fn(x).sum(), self.x, context_fn=contexts(policy))
         return [op.name for op in seen if isinstance(op, sac2.Region)]
 
     def test_region_in_a_save_list_is_saved(self):

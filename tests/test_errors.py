@@ -14,17 +14,9 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, is_in
 
 import sac2
 
-from helpers import randn
+from helpers import contexts, randn
 
 aten = torch.ops.aten
-
-
-def _x() -> torch.Tensor:
-    return randn(3, 3, dtype=torch.float64)
-
-
-def _contexts(policy: Any, **kwargs: Any) -> Callable:
-    return partial(sac2.create_selective_checkpoint_contexts, policy, **kwargs)
 
 
 def _returning(value: Any) -> Callable:
@@ -77,8 +69,9 @@ class TestPolicyValidation(TestCase):
         self.assertExpectedInline(str(cm.exception), """policy_fn_or_list must be either a function or a list of ops. Got str: pass a policy function, a sac2 policy or a list such as [torch.ops.aten.mm.default].""")  # noqa: E501
 
     def _forward_error(self, value: Any) -> str:
+        x = randn(3, 3, dtype=torch.float64)
         with self.assertRaises(TypeError) as cm:
-            sac2.checkpoint(lambda a: torch.mm(a, a).sin(), _x(), context_fn=_contexts(_returning(value)))
+            sac2.checkpoint(lambda a: torch.mm(a, a).sin(), x, context_fn=contexts(_returning(value)))
         _assert_no_mode_left()
         return str(cm.exception)
 
@@ -94,7 +87,7 @@ class TestPolicyValidation(TestCase):
 
 def test_bad_policy_value_error_survives_tensor_operators() -> None:
     with pytest.raises(TypeError) as info:
-        sac2.checkpoint(lambda a: a * a, _x(), context_fn=_contexts(_returning(None)))
+        sac2.checkpoint(lambda a: a * a, randn(3, 3, dtype=torch.float64), context_fn=contexts(_returning(None)))
     assert "the policy returned None" in str(info.value)
 
 
@@ -102,7 +95,7 @@ class TestRecomputeDivergence(TestCase):
     def _backward_error(self, fn: Callable, **checkpoint_kwargs: Any) -> str:
         global _in_forward
         _in_forward = True
-        y = sac2.checkpoint(fn, _x(), context_fn=_contexts([]), **checkpoint_kwargs)
+        y = sac2.checkpoint(fn, randn(3, 3, dtype=torch.float64), context_fn=contexts([]), **checkpoint_kwargs)
         _in_forward = False
         try:
             with self.assertRaises(RuntimeError) as cm:
@@ -128,16 +121,16 @@ def _mm_sin(a: torch.Tensor) -> torch.Tensor:
 
 class TestSecondBackward(TestCase):
     def test_without_retain_graph_raises_torch_error(self) -> None:
-        y = sac2.checkpoint(_mm_sin, _x(), context_fn=_contexts([aten.mm.default]))
+        y = sac2.checkpoint(_mm_sin, randn(3, 3, dtype=torch.float64), context_fn=contexts([aten.mm.default]))
         y.sum().backward()
         with self.assertRaises(RuntimeError) as cm:
             y.sum().backward()
         self.assertExpectedInline(str(cm.exception), """Trying to backward through the graph a second time (or directly access saved tensors after they have already been freed). Saved intermediate values of the graph are freed when you call .backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time or if you need to access saved tensors after calling backward.""")  # noqa: E501
 
     def test_with_retain_graph_accumulates_gradients(self) -> None:
-        x_ref, x = _x(), _x()
+        x_ref, x = randn(3, 3, dtype=torch.float64), randn(3, 3, dtype=torch.float64)
         y_ref = _mm_sin(x_ref)
-        y = sac2.checkpoint(_mm_sin, x, context_fn=_contexts([aten.mm.default]))
+        y = sac2.checkpoint(_mm_sin, x, context_fn=contexts([aten.mm.default]))
         for _ in range(2):
             y_ref.sum().backward(retain_graph=True)
             y.sum().backward(retain_graph=True)
@@ -147,15 +140,15 @@ class TestSecondBackward(TestCase):
 @pytest.mark.xfail(strict=True, raises=RuntimeError, reason="stock SAC allows only one backward per region")
 def test_stock_sac_cannot_backward_twice_with_retain_graph() -> None:
     context_fn = partial(tuc.create_selective_checkpoint_contexts, [aten.mm.default])
-    y = tuc.checkpoint(_mm_sin, _x(), use_reentrant=False, context_fn=context_fn)
+    y = tuc.checkpoint(_mm_sin, randn(3, 3, dtype=torch.float64), use_reentrant=False, context_fn=context_fn)
     y.sum().backward(retain_graph=True)
     y.sum().backward()
 
 
 class TestCachedTensorMutation(TestCase):
     def _backward_after_caller_mutates_output(self, **context_kwargs: Any) -> torch.Tensor:
-        x = _x()
-        h, s = sac2.checkpoint(_returns_saved_mm, x, context_fn=_contexts([aten.mm.default], **context_kwargs))
+        x = randn(3, 3, dtype=torch.float64)
+        h, s = sac2.checkpoint(_returns_saved_mm, x, context_fn=contexts([aten.mm.default], **context_kwargs))
         h.add_(1)
         (h.sum() + s.sum()).backward()
         return x.grad
@@ -167,7 +160,7 @@ class TestCachedTensorMutation(TestCase):
         self.assertExpectedInline(str(cm.exception), """sac2: the output of aten.mm.default (call 0 of that op, op 0 of the region) that selective checkpointing saved was modified in place after the checkpointed forward ended, so serving it would give wrong gradients. Don't modify the region's outputs in place, have the policy recompute this op, or pass allow_cache_entry_mutation=True to recompute it in backward.""")  # noqa: E501
 
     def test_mutated_after_forward_recomputed_when_allowed(self) -> None:
-        x = _x()
+        x = randn(3, 3, dtype=torch.float64)
         h, s = _returns_saved_mm(x)
         h.add_(1)
         (h.sum() + s.sum()).backward()
@@ -179,13 +172,13 @@ class TestCachedTensorMutation(TestCase):
             y.add_(1)
             return y.sin()
 
-        x_ref = _x()
+        x_ref = randn(3, 3, dtype=torch.float64)
         fn(x_ref).sum().backward()
-        x = _x()
+        x = randn(3, 3, dtype=torch.float64)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(2):
-                sac2.checkpoint(fn, x, context_fn=_contexts(_returning(True))).sum().backward()
+                sac2.checkpoint(fn, x, context_fn=contexts(_returning(True))).sum().backward()
         assert [w.category for w in caught] == [UserWarning]
         self.assertExpectedInline(str(caught[0].message), """sac2: the policy saves aten.mul.Tensor (call 0 of that op, op 0 of the region), but a tensor it returned was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""")  # noqa: E501
         assert torch.equal(x.grad, 2 * x_ref.grad)
@@ -197,5 +190,5 @@ def test_no_mode_left_after_exception_in_forward() -> None:
         raise KeyError("user error")
 
     with pytest.raises(KeyError):
-        sac2.checkpoint(fn, _x(), context_fn=_contexts([aten.sin.default]))
+        sac2.checkpoint(fn, randn(3, 3, dtype=torch.float64), context_fn=contexts([aten.sin.default]))
     _assert_no_mode_left()

@@ -1,6 +1,6 @@
-"""The package's layout: every ``sac2.*`` submodule imports as a module, no exported name hides one, private torch
-names are used only in ``sac2/_compat/`` (CONTRIBUTING.md: "every private torch API"), and no module uses another
-module's private names."""
+"""The package's layout: every ``sac2.*`` submodule imports and defines each name its ``__all__`` lists, no
+exported name hides a submodule, private torch names are used only in ``sac2/_compat/`` (CONTRIBUTING.md: "every
+private torch API"), and no module uses another module's private names."""
 
 from __future__ import annotations
 
@@ -42,9 +42,25 @@ def _submodules() -> list[str]:
     return sorted(info.name for info in pkgutil.walk_packages(sac2.__path__, prefix="sac2."))
 
 
+def undefined_exports(module: types.ModuleType) -> list[str] | None:
+    """The names a module's ``__all__`` lists that it does not define (None where it declares no ``__all__``)."""
+    names = getattr(module, "__all__", None)
+    if names is None:
+        return None
+    return [n for n in names if not isinstance(n, str) or not hasattr(module, n)]
+
+
 @pytest.mark.parametrize("name", _submodules())
-def test_every_submodule_imports_as_a_module(name: str) -> None:
-    assert isinstance(importlib.import_module(name), types.ModuleType)
+def test_every_submodule_imports_and_defines_what_its_all_lists(name: str) -> None:
+    assert undefined_exports(importlib.import_module(name)) == []
+
+
+def test_the_all_check_sees_a_missing_all_and_an_undefined_name() -> None:
+    module = types.ModuleType("pkg.a")
+    assert undefined_exports(module) is None
+    module.__all__ = ["here", "gone"]  # type: ignore[attr-defined]
+    module.here = 1  # type: ignore[attr-defined]
+    assert undefined_exports(module) == ["gone"]
 
 
 @pytest.mark.parametrize("name", _submodules())

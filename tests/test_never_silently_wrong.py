@@ -13,11 +13,9 @@ from torch import nn
 
 import sac2
 
+from helpers import contexts
+
 aten = torch.ops.aten
-
-
-def _contexts(policy):
-    return functools.partial(sac2.create_selective_checkpoint_contexts, policy)
 
 
 def _save_all(ctx, op, *args, **kwargs):
@@ -38,7 +36,7 @@ def _assert_same(fn, inputs, policy, **kwargs):
     torch.manual_seed(0)
     expected = _grads(fn, inputs)
     torch.manual_seed(0)
-    actual = _grads(fn, inputs, context_fn=_contexts(policy), **kwargs)
+    actual = _grads(fn, inputs, context_fn=contexts(policy), **kwargs)
     for e, a in zip(expected, actual, strict=True):
         for x, y in zip(e, a, strict=True):
             assert torch.equal(x, y)
@@ -81,7 +79,7 @@ def test_backward_without_preserve_rng_state_does_not_rewind_the_generator(fn, p
     y.sum().backward()
     after_plain = torch.get_rng_state()
     torch.manual_seed(0)
-    y = sac2.checkpoint(fn, x, context_fn=_contexts(policy), preserve_rng_state=False)
+    y = sac2.checkpoint(fn, x, context_fn=contexts(policy), preserve_rng_state=False)
     torch.rand(8)
     y.sum().backward()
     assert torch.equal(torch.get_rng_state(), after_plain)
@@ -95,7 +93,7 @@ def test_a_saved_op_drawing_from_an_explicit_generator_leaves_it_where_no_checkp
     plain = torch.Generator().manual_seed(3)
     fn(x, plain).sum().backward()
     gen = torch.Generator().manual_seed(3)
-    y = sac2.checkpoint(fn, x, gen, context_fn=_contexts(_save_all))
+    y = sac2.checkpoint(fn, x, gen, context_fn=contexts(_save_all))
     y.sum().backward()
     assert torch.equal(gen.get_state(), plain.get_state())
 
@@ -152,7 +150,7 @@ def test_recompute_does_not_write_into_a_returned_factory_buffer():
     x = torch.randn(4, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out, buf = sac2.checkpoint(fn, x, context_fn=_contexts(_save_all_but_in_place))
+        out, buf = sac2.checkpoint(fn, x, context_fn=contexts(_save_all_but_in_place))
     before = buf.clone()
     out.sum().backward()
     assert torch.equal(buf, before)
@@ -227,7 +225,7 @@ def test_a_second_backward_serves_an_output_the_replay_squeezed_in_place(style, 
 
     inputs = [torch.randn(4), torch.randn(4, 4)]
     expected = _backward_twice(_vector_matmul_aliased, inputs, style)
-    actual = _backward_twice(_vector_matmul_aliased, inputs, style, context_fn=_contexts(policy))
+    actual = _backward_twice(_vector_matmul_aliased, inputs, style, context_fn=contexts(policy))
     assert all(torch.equal(e, a) for e, a in zip(expected, actual, strict=True))
 
 
@@ -261,7 +259,7 @@ def test_batch_norm_running_statistics_made_in_the_region_are_updated_once():
     expected = after_backward()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the factory outputs are written later in the forward: recomputed, warned
-        actual = after_backward(context_fn=_contexts([aten.zeros.default, aten.new_ones.default]))
+        actual = after_backward(context_fn=contexts([aten.zeros.default, aten.new_ones.default]))
     assert all(torch.equal(e, a) for e, a in zip(expected, actual, strict=True))
 
 
@@ -277,7 +275,7 @@ def test_a_saved_region_serves_a_second_backward_through_another_output():
         return torch.autograd.grad(first, x)[0], torch.autograd.grad(second, x)[0]  # the graph is not retained
 
     expected = run()
-    actual = run(context_fn=_contexts([sac2.Region("never_silently_wrong.act")]))
+    actual = run(context_fn=contexts([sac2.Region("never_silently_wrong.act")]))
     assert all(torch.equal(e, a) for e, a in zip(expected, actual, strict=True))
 
 
@@ -290,11 +288,11 @@ def test_an_outer_checkpoint_replaying_an_in_place_view_op_leaves_an_inner_saved
         return torch.where(y > 0, y, y)
 
     def fn(x):
-        return sac2.checkpoint(inner, x, context_fn=_contexts(_save_all)) * x
+        return sac2.checkpoint(inner, x, context_fn=contexts(_save_all)) * x
 
     inputs = [torch.randn(4, dtype=torch.float64)]
     expected = _backward_twice(fn, inputs, "retain_graph")
-    actual = _backward_twice(fn, inputs, "retain_graph", context_fn=_contexts(_save_all))
+    actual = _backward_twice(fn, inputs, "retain_graph", context_fn=contexts(_save_all))
     assert all(torch.equal(e, a) for e, a in zip(expected, actual, strict=True))
 
 
@@ -312,7 +310,7 @@ def test_early_stop_finishing_a_random_op_leaves_the_generator_where_torch_leave
         return torch.get_rng_state()
 
     expected = state_after()
-    actual = state_after(context_fn=_contexts([aten.add.Tensor]), preserve_rng_state=False)
+    actual = state_after(context_fn=contexts([aten.add.Tensor]), preserve_rng_state=False)
     assert torch.equal(actual, expected)
 
 
@@ -356,9 +354,9 @@ def test_nested_checkpoints_sharing_one_policy_count_their_calls_apart():
         return (t @ t).sin() @ t
 
     def outer(t):
-        return sac2.checkpoint(inner, t @ t, context_fn=_contexts(recording("inner"))) @ t
+        return sac2.checkpoint(inner, t @ t, context_fn=contexts(recording("inner"))) @ t
 
-    sac2.checkpoint(outer, torch.randn(4, 4, requires_grad=True), context_fn=_contexts(recording("outer")))
+    sac2.checkpoint(outer, torch.randn(4, 4, requires_grad=True), context_fn=contexts(recording("outer")))
     save, recompute = sac2.CheckpointPolicy.MUST_SAVE, sac2.CheckpointPolicy.MUST_RECOMPUTE
     assert answers == {"outer": [save, recompute, save, recompute], "inner": [save, recompute]}
 
@@ -397,7 +395,7 @@ def test_region_answered_cpu_offload_is_kept_and_not_run_again():
         return sac2.CheckpointPolicy.PREFER_RECOMPUTE
 
     x = torch.randn(8, requires_grad=True)
-    y = sac2.checkpoint(lambda t: body(t).cos(), x, context_fn=_contexts(policy))
+    y = sac2.checkpoint(lambda t: body(t).cos(), x, context_fn=contexts(policy))
     runs.clear()
     (grad,) = torch.autograd.grad(y.sum(), x)
     assert runs == []
@@ -415,7 +413,7 @@ def test_a_type_error_raised_by_a_policy_for_a_region_reaches_the_caller():
 
     with pytest.raises(TypeError, match="policy cannot decide regions"):
         x = torch.randn(3, requires_grad=True)
-        sac2.checkpoint(lambda t: body(t) * t, x, context_fn=_contexts(_refuses_regions))
+        sac2.checkpoint(lambda t: body(t) * t, x, context_fn=contexts(_refuses_regions))
 
 
 # ---- 7. nested jagged tensors ----
@@ -447,7 +445,7 @@ def test_pre_norm_mlp_block_on_a_nested_jagged_tensor(policy):
     expected = [p.grad.clone() for p in block.parameters()], x.grad.values().clone()
     block.zero_grad()
     x = _njt()
-    sac2.checkpoint(block, x, context_fn=_contexts(policy)).values().sum().backward()
+    sac2.checkpoint(block, x, context_fn=contexts(policy)).values().sum().backward()
     for e, a in zip(expected[0], [p.grad for p in block.parameters()], strict=True):
         assert torch.equal(e, a)
     assert torch.equal(expected[1], x.grad.values())
@@ -465,7 +463,7 @@ def test_recompute_under_autocast_with_cached_casts_does_not_diverge():
         return torch.addmm(u.float(), h.float(), u.float())
 
     a, b = torch.randn(4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
-    out = sac2.checkpoint(fn, a, b, context_fn=_contexts([]))
+    out = sac2.checkpoint(fn, a, b, context_fn=contexts([]))
     grads = torch.autograd.grad(out.sum(), (a, b), create_graph=True)
     assert all(torch.equal(g, e) for g, e in zip(grads, torch.autograd.grad(fn(a, b).sum(), (a, b)), strict=True))
 
@@ -492,7 +490,7 @@ def test_a_kv_cache_updated_inside_the_checkpoint_is_named_with_the_fix():
     def layer(k):
         return (cache.update(k) * k.sum()).sum()
 
-    out = sac2.checkpoint(layer, torch.randn(3, requires_grad=True), context_fn=_contexts([]))
+    out = sac2.checkpoint(layer, torch.randn(3, requires_grad=True), context_fn=contexts([]))
     with pytest.raises(RuntimeError, match=r"forward ran aten\.lift_fresh.*KV cache.*use_cache=False"):
         out.backward()
 
@@ -526,7 +524,7 @@ def test_a_region_answered_cpu_offload_is_handed_to_the_offloader(monkeypatch):
     def policy(ctx, op, *args, **kwargs):
         return sac2.CheckpointPolicy.MUST_CPU_OFFLOAD if isinstance(op, sac2.Region) else False
 
-    sac2.checkpoint(lambda t: body(t).cos(), torch.randn(4, requires_grad=True), context_fn=_contexts(policy))
+    sac2.checkpoint(lambda t: body(t).cos(), torch.randn(4, requires_grad=True), context_fn=contexts(policy))
     assert offloaded == [sac2.Region("never_silently_wrong.offload_spy")]
 
 
@@ -541,7 +539,7 @@ def test_a_policy_type_error_for_a_region_survives_code_that_swallows_it():
             return t * 3
 
     with pytest.raises(TypeError, match="policy cannot decide regions"):
-        sac2.checkpoint(fn, torch.randn(3, requires_grad=True), context_fn=_contexts(_refuses_regions))
+        sac2.checkpoint(fn, torch.randn(3, requires_grad=True), context_fn=contexts(_refuses_regions))
 
 
 def test_a_saved_matmul_modified_after_forward_through_its_unsafe_view_raises():
@@ -553,7 +551,7 @@ def test_a_saved_matmul_modified_after_forward_through_its_unsafe_view_raises():
         return y, y.exp()
 
     y, e = sac2.checkpoint(fn, torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True),
-                           context_fn=_contexts([aten.mm.default]))
+                           context_fn=contexts([aten.mm.default]))
     with torch.no_grad():
         y.mul_(2)
     with pytest.raises(RuntimeError, match=r"aten\.mm\.default .* was modified in place after the checkpointed"):

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 import sac2
 
-from helpers import randn
+from helpers import contexts, randn
 
 aten = torch.ops.aten
 DTYPE = torch.float64
@@ -115,10 +115,6 @@ def nested_jagged_block(x):
     return h.values()
 
 
-def _x(*shape: int) -> torch.Tensor:
-    return _param(*shape, seed=11)
-
-
 def _idx() -> torch.Tensor:
     return torch.tensor([[1, 3, 3], [9, 0, 2]])
 
@@ -129,19 +125,21 @@ def _mask() -> torch.Tensor:
 
 # name -> (function, make args, kwargs); args are built fresh for every run.
 SHAPES: dict[str, tuple[Callable, Callable[[], tuple], dict]] = {
-    "mlp": (mlp, lambda: (_x(4, 6),), {}),
-    "causal_attention": (causal_attention, lambda: (_x(2, 5, 6),), {}),
-    "norm_residual": (norm_residual, lambda: (_x(4, 6),), {}),
-    "embedding": (embedding, lambda: (_x(2, 2), _idx()), {}),
-    "dropout": (dropout, lambda: (_x(4, 6),), {}),
-    "inplace_intermediate": (inplace_intermediate, lambda: (_x(2, 4, 6),), {}),
-    "views_and_aliasing": (views_and_aliasing, lambda: (_x(8, 6),), {}),
-    "tuple_and_dict_outputs": (tuple_and_dict_outputs, lambda: (_x(4, 6),), {}),
-    "non_tensor_args": (non_tensor_args, lambda: (_x(4, 6), 0.5, "sin"), {"power": 3, "transpose": True}),
-    "input_needs_no_grad": (input_needs_no_grad, lambda: (_x(4, 6), _mask()), {}),
-    "output_needs_no_grad": (output_needs_no_grad, lambda: (_x(4, 6),), {}),
-    "nested_checkpoint": (nested_checkpoint, lambda: (_x(4, 6),), {}),
-    "nested_jagged_block": (nested_jagged_block, lambda: (_x(10, 6),), {}),
+    "mlp": (mlp, lambda: (randn(4, 6, seed=11, dtype=DTYPE),), {}),
+    "causal_attention": (causal_attention, lambda: (randn(2, 5, 6, seed=11, dtype=DTYPE),), {}),
+    "norm_residual": (norm_residual, lambda: (randn(4, 6, seed=11, dtype=DTYPE),), {}),
+    "embedding": (embedding, lambda: (randn(2, 2, seed=11, dtype=DTYPE), _idx()), {}),
+    "dropout": (dropout, lambda: (randn(4, 6, seed=11, dtype=DTYPE),), {}),
+    "inplace_intermediate": (inplace_intermediate, lambda: (randn(2, 4, 6, seed=11, dtype=DTYPE),), {}),
+    "views_and_aliasing": (views_and_aliasing, lambda: (randn(8, 6, seed=11, dtype=DTYPE),), {}),
+    "tuple_and_dict_outputs": (tuple_and_dict_outputs, lambda: (randn(4, 6, seed=11, dtype=DTYPE),), {}),
+    "non_tensor_args": (
+        non_tensor_args, lambda: (randn(4, 6, seed=11, dtype=DTYPE), 0.5, "sin"), {"power": 3, "transpose": True}
+    ),
+    "input_needs_no_grad": (input_needs_no_grad, lambda: (randn(4, 6, seed=11, dtype=DTYPE), _mask()), {}),
+    "output_needs_no_grad": (output_needs_no_grad, lambda: (randn(4, 6, seed=11, dtype=DTYPE),), {}),
+    "nested_checkpoint": (nested_checkpoint, lambda: (randn(4, 6, seed=11, dtype=DTYPE),), {}),
+    "nested_jagged_block": (nested_jagged_block, lambda: (randn(10, 6, seed=11, dtype=DTYPE),), {}),
 }
 
 
@@ -200,10 +198,6 @@ def torch_entry(fn, *args, context_fn, **kwargs):
 ENTRIES = {"sac2_checkpoint": sac2_entry, "torch_checkpoint": torch_entry}
 
 
-def _contexts(make_policy: Callable[[], Any]):
-    return sac2.create_selective_checkpoint_contexts(make_policy())
-
-
 def _run(fn: Callable, args: tuple, kwargs: dict, call: Callable) -> tuple[list[torch.Tensor], list]:
     """Forward through ``call``, backward with fixed random cotangents; (outputs, grads of inputs and params)."""
     for p in PARAMS:
@@ -231,7 +225,7 @@ def _assert_all_equal(actual: list, expected: list) -> None:
 @pytest.mark.parametrize("shape", SHAPES)
 def test_outputs_and_gradients_equal_uncheckpointed(shape: str, policy: str, entry: str) -> None:
     fn, make_args, kwargs = SHAPES[shape]
-    context_fn = partial(_contexts, POLICIES[policy])
+    context_fn = contexts(POLICIES[policy], factory=True)
     if fn is nested_checkpoint:
         kwargs = {"inner_context_fn": context_fn}
 
@@ -275,7 +269,7 @@ counted_sin.register_autograd(_counted_sin_backward, setup_context=_counted_sin_
 
 def _counted_sin_runs(policy: list) -> int:
     """How often counted_sin runs in a checkpointed forward + backward under a list policy."""
-    x = _x(4, 6)
+    x = randn(4, 6, seed=11, dtype=DTYPE)
     _executions["counted_sin"] = 0
     y = sac2.checkpoint(
         lambda a: (counted_sin(a @ W1) ** 2) @ W2,
@@ -304,7 +298,7 @@ def _two_random_ops(x: torch.Tensor) -> torch.Tensor:
 
 
 def _grad_of_two_random_ops(call: Callable) -> torch.Tensor:
-    x = _x(4, 6)
+    x = randn(4, 6, seed=11, dtype=DTYPE)
     torch.manual_seed(0)
     call(_two_random_ops, x).sum().backward()
     return x.grad

@@ -20,6 +20,8 @@ import sac2
 from sac2 import policies
 from sac2.answers import ForwardContext, SaveList
 
+from helpers import contexts, randn
+
 aten = torch.ops.aten
 
 
@@ -62,10 +64,6 @@ def _block(compiled: bool = False) -> Block:
     return Block(compiled=compiled)
 
 
-def _x() -> torch.Tensor:
-    return torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0), requires_grad=True)
-
-
 def _recorded_calls(block: nn.Module) -> list[tuple]:
     """(op, args, kwargs) of every op call sac2's forward mode asks a policy about, in one forward of ``block``."""
     calls = []
@@ -74,7 +72,7 @@ def _recorded_calls(block: nn.Module) -> list[tuple]:
         calls.append((op, args, kwargs))
         return sac2.CheckpointPolicy.PREFER_RECOMPUTE
 
-    sac2.checkpoint(block, _x(), context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, recording))
+    sac2.checkpoint(block, randn(2, 4, 8), context_fn=contexts(recording))
     return calls
 
 
@@ -122,7 +120,7 @@ class TestPoliciesPickle(TestCase):
         )
 
     def test_memory_budget_keyed_by_ops_hops_compiled_callables_and_regions(self):
-        budget = policies.memory_budget(self.block, (_x(),), 0.5, cost="flops")
+        budget = policies.memory_budget(self.block, (randn(2, 4, 8),), 0.5, cost="flops")
         keys = {type(c.key).__name__ for c in budget.profile.calls}
         self.assertLessEqual({"OpOverload", "Region", "tuple"}, keys)  # the tuple holds the HOP and its callable
         self._assert_decides_the_same(budget)
@@ -134,11 +132,11 @@ class TestContextFnPickles(TestCase):
         context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, ops))
         for loaded, op in zip(context_fn.args[0], ops, strict=True):
             self.assertIs(loaded, op)
-        sac2.checkpoint(_block(), _x(), context_fn=context_fn).sum().backward()
+        sac2.checkpoint(_block(), randn(2, 4, 8), context_fn=context_fn).sum().backward()
 
     def test_partial_over_a_preset(self):
         context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, policies.llm()))
-        sac2.checkpoint(_block(), _x(), context_fn=context_fn).sum().backward()
+        sac2.checkpoint(_block(), randn(2, 4, 8), context_fn=context_fn).sum().backward()
 
     def test_torchs_own_list_policy_pickles_once_sac2_is_imported(self):
         context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, [aten.mm.default])
@@ -169,7 +167,7 @@ class TestCheckpointedModulesPickle(TestCase):
         self.assertIs(type(loaded[0]), type(model[0]))
         runs = []
         loaded[0].gate.register_forward_hook(lambda *_: runs.append(1))
-        out = loaded(_x())
-        self.assertTrue(torch.equal(out, model(_x())))
+        out = loaded(randn(2, 4, 8))
+        self.assertTrue(torch.equal(out, model(randn(2, 4, 8))))
         out.sum().backward()
         self.assertEqual(len(runs), 2)  # forward, and again in backward's recompute

@@ -17,12 +17,10 @@ from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
 
 import sac2
 
+from helpers import randn
+
 STOCK_RESPECTS_HOOKS = "respect_saved_tensors_hooks" in inspect.signature(tuc.checkpoint).parameters  # 2.14+
 SAVE_ALL = [torch.ops.aten.exp.default, torch.ops.aten.tanh.default]
-
-
-def _x() -> torch.Tensor:
-    return torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
 
 
 def _fn(x: torch.Tensor) -> torch.Tensor:
@@ -38,7 +36,7 @@ def _packed(run: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
         seen.append(t.detach().clone())
         return t
 
-    x = _x()
+    x = randn(4, 4, dtype=torch.float64)
     with saved_tensors_hooks(pack, lambda t: t):
         out = run(x)
     out.sum().backward()
@@ -79,7 +77,7 @@ def test_respect_none_bypasses_the_hooks() -> None:
 
 def test_save_on_cpu_gives_the_gradients_of_no_checkpointing() -> None:
     def grad(run: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        x = _x()
+        x = randn(4, 4, dtype=torch.float64)
         with save_on_cpu():
             out = run(x)
         return torch.autograd.grad(out.sum(), x)[0]
@@ -104,7 +102,7 @@ def test_the_users_hooks_stay_in_place_after_a_nested_lookup() -> None:
         return inner
 
     with saved_tensors_hooks(pack, unpack):
-        sac2.checkpoint(outer, _x()).sum().backward()
+        sac2.checkpoint(outer, randn(4, 4, dtype=torch.float64)).sum().backward()
         assert torch._C._autograd._top_saved_tensors_default_hooks(False) == (pack, unpack)
 
 
@@ -134,7 +132,7 @@ class TestWarning(TestCase):
 def test_respect_none_is_silent_without_user_hooks() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _sac2(_x(), respect=None).sum().backward()
+        _sac2(randn(4, 4, dtype=torch.float64), respect=None).sum().backward()
 
 
 @pytest.mark.skipif(not STOCK_RESPECTS_HOOKS, reason="torch 2.13's SAC has no respect_saved_tensors_hooks")
@@ -160,7 +158,7 @@ def test_a_saved_region_goes_through_the_hooks(policy):
         return sac2.checkpoint(lambda: _exp_region(x).tanh(), context_fn=context_fn, respect_saved_tensors_hooks=True)
 
     seen = _packed(run)
-    x = _x()
+    x = randn(4, 4, dtype=torch.float64)
     assert any(torch.equal(t, x.exp()) for t in seen)  # the region's output, handed to the pack hook
     grad = torch.autograd.grad(run(x).sum(), x)[0]
     assert torch.equal(grad, torch.autograd.grad(x.exp().tanh().sum(), x)[0])
@@ -177,7 +175,7 @@ def test_a_saved_region_that_wrote_where_sac2_cannot_see_runs_again_under_the_ho
         invisible(t, buf)
         return (buf * t).exp()
 
-    x = _x()
+    x = randn(4, 4, dtype=torch.float64)
     policy = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("saved_tensors_hooks.invisible")])
     with warnings.catch_warnings(), save_on_cpu():
         warnings.simplefilter("ignore")  # sac2 says it recomputes the region

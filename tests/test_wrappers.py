@@ -14,6 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
 
+from helpers import randn
+
 
 class Block(nn.Module):
     def __init__(self, d: int = 8) -> None:
@@ -43,10 +45,6 @@ def _model(seed: int = 0) -> Model:
     return Model()
 
 
-def _x() -> torch.Tensor:
-    return torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))
-
-
 def _wrapped_names(model: nn.Module, cls: type) -> list[str]:
     return [fqn for fqn, m in model.named_modules() if isinstance(m, cls)]
 
@@ -55,7 +53,7 @@ def _losses(model: nn.Module, steps: int = 3) -> list[torch.Tensor]:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for _ in range(steps):
-        loss = model(_x())
+        loss = model(randn(2, 4, 8, seed=1, grad=False))
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -121,7 +119,7 @@ class TestCheckpointWrapper(TestCase):
         model = _model()
         calls = _count_calls(model.layers[0].up)
         model.layers[0] = sac2.checkpoint_wrapper(model.layers[0])
-        model(_x()).backward()
+        model(randn(2, 4, 8, seed=1, grad=False)).backward()
         self.assertEqual(calls[0], 2)
 
     def test_context_fn_runs_sac2_policy(self):
@@ -134,13 +132,13 @@ class TestCheckpointWrapper(TestCase):
         block = sac2.checkpoint_wrapper(
             Block(), context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, policy)
         )
-        block(_x().requires_grad_()).sum().backward()
+        block(randn(2, 4, 8, seed=1)).sum().backward()
         self.assertIn(torch.ops.aten.addmm.default, seen)
 
     def test_forward_keyword_arguments_reach_the_module_for_both_impls(self):
         for impl in sac2.CheckpointImpl:
             block = Block()
-            x = _x().requires_grad_()
+            x = randn(2, 4, 8, seed=1)
             expected = block(x, scale=0.5)
             out = sac2.checkpoint_wrapper(block, checkpoint_impl=impl)(x, scale=0.5)
             self.assertTrue(torch.equal(out, expected))
@@ -168,7 +166,7 @@ class TestCheckpointWrapper(TestCase):
         for wrap in (sac2.offload_wrapper, torch_cw.offload_wrapper):
             torch.manual_seed(0)
             block = Block()
-            wrap(block)(_x().requires_grad_()).sum().backward()
+            wrap(block)(randn(2, 4, 8, seed=1)).sum().backward()
             grads.append([p.grad for p in block.parameters()])
         for ours, theirs in zip(*grads, strict=True):
             self.assertTrue(torch.equal(ours, theirs))
@@ -221,7 +219,7 @@ class TestCheckpointModule(TestCase):
         model = _model()
         calls = _count_calls(model.layers[0].up)
         sac2.checkpoint_module(model.layers[0])
-        model(_x()).backward()
+        model(randn(2, 4, 8, seed=1, grad=False)).backward()
         self.assertEqual(calls[0], 2)
         model = _model()
         for block in model.layers:
@@ -236,7 +234,7 @@ class TestCheckpointModule(TestCase):
             block = sac2.checkpoint_module(
                 Block(), context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, ops)
             )
-            out = block(_x().requires_grad_())
+            out = block(randn(2, 4, 8, seed=1))
             with _CountOps() as counter:
                 out.sum().backward()
             addmms_in_backward[name] = counter.counts.get(torch.ops.aten.addmm.default, 0)
@@ -251,7 +249,7 @@ class TestCheckpointModule(TestCase):
     def test_deepcopy_keeps_it_checkpointed(self):
         block = copy.deepcopy(sac2.checkpoint_module(Block()))
         calls = _count_calls(block.up)
-        block(_x().requires_grad_()).sum().backward()
+        block(randn(2, 4, 8, seed=1)).sum().backward()
         self.assertEqual(calls[0], 2)
 
 
@@ -266,7 +264,7 @@ class TestNestedCheckpoints(TestCase):
         inner = sac2.checkpoint_wrapper(Block())
 
         def step():
-            x = _x().requires_grad_()
+            x = randn(2, 4, 8, seed=1)
             torch.utils.checkpoint.checkpoint(inner, x, use_reentrant=False).sum().backward()
 
         self.assertExpectedInline("\n".join(self._warnings(lambda: [step(), step()])), """\
@@ -274,12 +272,12 @@ sac2: this Block is checkpointed inside the forward of another checkpoint, so ba
 
     def test_checkpoint_module_inside_a_checkpoint_wrapper_warns(self):
         outer = sac2.checkpoint_wrapper(nn.Sequential(sac2.checkpoint_module(Block()), nn.ReLU()))
-        self.assertEqual(len(self._warnings(lambda: outer(_x().requires_grad_()).sum().backward())), 1)
+        self.assertEqual(len(self._warnings(lambda: outer(randn(2, 4, 8, seed=1)).sum().backward())), 1)
 
     def test_a_wrapper_alone_or_beside_another_does_not_warn(self):
         model = _model()
         sac2.apply_ac(model)
-        self.assertEqual(self._warnings(lambda: model(_x()).backward()), [])
+        self.assertEqual(self._warnings(lambda: model(randn(2, 4, 8, seed=1, grad=False)).backward()), [])
 
     def test_apply_ac_warns_about_blocks_transformers_already_checkpoints(self):
         model = _model()
@@ -306,10 +304,10 @@ def test_torch_compile_of_a_checkpointed_model_matches_eager(form):
     eager = copy.deepcopy(model)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    torch.compile(model, backend="aot_eager", fullgraph=True)(_x()).backward()
+    torch.compile(model, backend="aot_eager", fullgraph=True)(randn(2, 4, 8, seed=1, grad=False)).backward()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert torch.ops.aten.addmm.default in asked  # the policy tagged the traced graph
-    eager(_x()).backward()
+    eager(randn(2, 4, 8, seed=1, grad=False)).backward()
     for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
 
