@@ -45,6 +45,7 @@ import torch
 from torch.utils.checkpoint import GraphExecGroup
 
 from sac2 import _compat, messages
+from sac2.debug_trace import OpTrace
 from sac2.invariants import InternalError
 from sac2.notices import count_forward
 
@@ -147,7 +148,7 @@ class Frame:
 
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
-        "generators", "devices", "autocast", "device_context", "stores", "completed", "ignore_mismatch",
+        "generators", "devices", "autocast", "device_context", "stores", "completed", "ignore_mismatch", "trace",
     )
 
     def __init__(
@@ -179,6 +180,7 @@ class Frame:
         self.autocast = _compat.autocast_state(self.devices)
         self.rng = _compat.rng_states(self.devices) if preserve_rng_state else None
         self.generators = [(g, g.get_state()) for g in _switch.generators]
+        self.trace: OpTrace | None = None  # debug=True: the ops forward and recompute ran
         self.device_context = _compat.device_context()
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
         self.inputs: list[object] = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
@@ -267,6 +269,8 @@ class Frame:
             contexts.append(self.recompute_context)
         if self.device_context is not None:
             contexts.append(_compat.fresh_device_context(self.device_context))
+        if self.trace is not None:
+            contexts.append(self.trace.recompute_mode())
         rng = _compat.set_rng_states(self.rng) if self.rng is not None else None
         generators = [(g, _replace_state(g, state)) for g, state in self.generators]
         grad_was = _compat.set_grad_enabled(True)
@@ -275,6 +279,9 @@ class Frame:
             _run_in(contexts, self.fn, inputs, self.kwargs)
         except _Stop:
             pass
+        except RuntimeError as error:
+            self._explain(error)
+            raise
         finally:
             _compat.pop_checkpoint_hooks(pack)
             _compat.set_grad_enabled(grad_was)
@@ -283,8 +290,17 @@ class Frame:
             for g, state in generators:
                 g.set_state(state)
         if not self.ignore_mismatch:
-            self._check(count, store)
+            try:
+                self._check(count, store)
+            except CheckpointError as error:
+                self._explain(error)
+                raise
         return store
+
+    def _explain(self, error: RuntimeError) -> None:
+        """With ``debug=True``, raise ``error`` again (its own type) with the forward's and recompute's ops."""
+        if self.trace is not None and type(error) in (RuntimeError, CheckpointError):
+            raise type(error)(self.trace.explain(str(error))) from error
 
     def _check(self, count: int, store: Store) -> None:
         """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device."""
@@ -336,9 +352,9 @@ def _meta(meta: Meta) -> dict[str, object]:
 _compat.skip_dynamo_in_code(Frame.unpack, Frame.recompute, _run_in)
 
 
-def _delegated(debug: bool) -> bool:
-    """Whether this call runs on torch's frame: debug traces, code torch.compile/export/FX traces, or the switch."""
-    return debug or _switch.torch_frame or _compat.checkpoint_debug_override() or _compat.traced_checkpoint()
+def _delegated() -> bool:
+    """Whether this call runs on torch's frame: code torch.compile/export/FX traces, or the switch."""
+    return _switch.torch_frame or _compat.traced_checkpoint()
 
 
 def _validate(determinism_check: str) -> None:
@@ -351,7 +367,7 @@ def run(
 ) -> Any:
     """``function(*args, **kwargs)`` checkpointed by sac2's frame, or by torch's where sac2's does not apply."""
     _validate(options["determinism_check"])
-    if _delegated(options["debug"]):
+    if _delegated():
         told: list[ContextManager[object] | None] = []
         out = _compat.run_torch_frame(function, args, kwargs, **_telling(options, told))
         _warn_if_bypassed(told, stacklevel=5)
@@ -374,7 +390,7 @@ def frames(
     """The same as ``run``, in the shape of torch's frame: a generator that yields once, while the function runs,
     and that torch's ``checkpoint`` drives with ``next``/``throw`` while sac2 is installed."""
     _validate(options["determinism_check"])
-    if _delegated(options["debug"]):
+    if _delegated():
         told: list[ContextManager[object] | None] = []
         yield from _compat.torch_frame(function, args, kwargs, **_telling(options, told))
         _warn_if_bypassed(told, stacklevel=4)
@@ -413,6 +429,9 @@ class _Forward:
             return None
         frame = _frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
                        o["early_stop"])
+        if o["debug"] or _compat.checkpoint_debug_override():
+            frame.trace = OpTrace()
+            forward_context = frame.trace.around(forward_context)
         return cls(frame, forward_context, warn_bypassed)
 
     def end(self, error: BaseException | None, stacklevel: int = 6) -> None:

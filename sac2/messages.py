@@ -31,7 +31,8 @@ __all__ = [
     "unexpected_keyword_arguments", "REENTRANT_WITH_POLICY", "REENTRANT_OPTIONS", "HOOKS_BYPASSED",
     "unpacked_twice", "more_saved_in_recompute", "saved_count_differs", "metadata_differs",
     "CONTEXT_SUPPRESSED_ERROR", "DEVICE_INITIALIZED_IN_FORWARD", "bad_determinism_check", "FRAME_YIELDED_TWICE",
-    "saved_tensor_modified", "internal_error", "not_a_generator", "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
+    "saved_tensor_modified", "internal_error", "not_a_generator", "debug_trace", "SLOT_UNFILLED", "NO_CONTEXTS",
+    "NO_STOP_PENDING",
     "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
     "NO_GRADIENT",
     # wrappers, apply_ac, regions (sac2.wrappers, sac2.apply, sac2.model_regions, sac2.compiled)
@@ -330,6 +331,24 @@ COMPOSE_EMPTY = "compose holds no policy (its constructor requires one)"
 PROFILER_NOT_RUN = "allocation sizes were read from a profiler that has not run and stopped"
 COPY_BACK_NOT_STARTED = "an offloaded entry was waited for before its copy back started"
 NO_GRADIENT = "a tensor that requires grad has no gradient after its backward"
+
+
+def debug_trace(error: str, forward: Sequence[str], recompute: Sequence[str], saved: Sequence[str]) -> str:
+    """``debug=True``: ``error``, then the ops forward and recompute ran, side by side (the first difference
+    marked ``<<``), then what sac2's selective modes saved."""
+    width = max([len(op) for op in forward] + [len("forward")])
+    shorter = min(len(forward), len(recompute))
+    first = next((i for i in range(shorter) if forward[i] != recompute[i]), shorter)
+    lines = [f"{'':>5}  {'forward':<{width}}  recompute"]
+    for i in range(max(len(forward), len(recompute))):
+        a = forward[i] if i < len(forward) else "-"
+        b = recompute[i] if i < len(recompute) else "-"
+        lines.append(f"{i:>5}  {a:<{width}}  {b}{'  <<' if i == first else ''}")
+    kept = ", ".join(saved) if saved else "nothing (full activation checkpointing, or no selective policy)"
+    return (
+        f"{error}\n\nsac2 debug trace (debug=True): the ops the checkpointed function dispatched, first difference "
+        f"marked <<\n" + "\n".join(lines) + f"\nsac2 saved: {kept}"
+    )
 
 
 def not_a_generator(value: object) -> str:

@@ -441,7 +441,7 @@ def clean_torch_debug_logger() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("clean_torch_debug_logger")
-def test_debug_runs_torchs_frame_with_the_same_result():
+def test_debug_runs_sac2s_frame_with_the_same_result():
     def scenario(how: str, log: list[str]) -> tuple:
         x = x_()
         if how == "off":
@@ -460,13 +460,35 @@ def test_debug_runs_torchs_frame_with_the_same_result():
         log: list[str] = []
         debugged = observe("sac2", partial(scenario, how, log))
         assert debugged.error is None
-        assert log == ["torch forward", "torch recompute"]
+        assert log == ["sac2 forward", "sac2 recompute"]
         assert_equal(debugged.value, plain.value)
 
 
-def test_debug_with_a_context_fn_raises_torchs_error():
-    seen = same(lambda: ckpt(sin_exp, x_(), debug=True, context_fn=sac2_contexts(SAVE_MM)), raises=ValueError)
+def test_debug_with_a_context_fn_is_torchs_error_on_torchs_frame_only():
+    # torch's frame cannot trace under a policy; sac2's frame traces and names what the policy saved
+    seen = observe("torch", lambda: ckpt(sin_exp, x_(), debug=True, context_fn=sac2_contexts(SAVE_MM)))
     assert seen.error == (ValueError, "debug=True is incompatible with non-default context_fn")
+    assert observe("sac2", lambda: ckpt(sin_exp, x_(), debug=True, context_fn=sac2_contexts(SAVE_MM))).error is None
+
+
+def test_debug_shows_the_ops_forward_and_recompute_ran_where_recompute_diverged():
+    calls = []
+
+    def changes(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return (x.sin() if len(calls) == 1 else x.cos()).exp()
+
+    out = sac2.checkpoint(changes, x_(), debug=True, context_fn=sac2_contexts([aten.exp.default]))
+    with pytest.raises(RuntimeError) as caught:
+        out.sum().backward()
+    trace = str(caught.value).split("\n\n", 1)[1]
+    assert trace == (
+        "sac2 debug trace (debug=True): the ops the checkpointed function dispatched, first difference marked <<\n"
+        "       forward           recompute\n"
+        "    0  aten.sin.default  aten.cos.default  <<\n"
+        "    1  aten.exp.default  -\n"
+        "sac2 saved: aten.exp.default (call 0 of that op, op 1 of the region)"
+    )
 
 
 # ---- nesting ----
