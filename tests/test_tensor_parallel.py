@@ -37,6 +37,7 @@ def result() -> dict:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+                p.wait()
     for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, f"tensor-parallel worker exited with {p.returncode}:\n{err[-3000:]}"
     return json.loads(outputs[0][0].strip().splitlines()[-1])
