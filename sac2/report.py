@@ -123,19 +123,31 @@ def plot_budgets(
     return curve
 
 
-def _report(prof: Profile, policy: PolicyFn) -> Report:
-    served = prof.saved
+def _bytes_per_call(prof: Profile) -> tuple[dict[int, int], dict[int, int]]:
+    """(call -> bytes of the storages its saving first keeps, call -> bytes it allocated that nothing keeps).
+
+    One pass over the calls' storages each, so the report costs calls + storages, not calls x storages."""
     kept: set[int] = set()
-    owner: dict[int, int] = {}  # kept storage -> the call whose saving first keeps it
-    for i in served:
+    saved_by: dict[int, int] = {}
+    for i in prof.saved:
         for s in prof.calls[i].storages:
             if s not in kept:
                 kept.add(s)
-                owner[s] = i
-    allocated: dict[int, int] = {}  # storage -> the call that allocated it
+                saved_by[i] = saved_by.get(i, 0) + prof.storage_bytes[s]
+    allocated: set[int] = set()
+    freed_by: dict[int, int] = {}
     for i, c in enumerate(prof.calls):
         for s in c.storages:
-            allocated.setdefault(s, i)
+            if s not in allocated:
+                allocated.add(s)
+                if s not in kept:
+                    freed_by[i] = freed_by.get(i, 0) + prof.storage_bytes[s]
+    return saved_by, freed_by
+
+
+def _report(prof: Profile, policy: PolicyFn) -> Report:
+    served = prof.saved
+    saved_by, freed_by = _bytes_per_call(prof)
     why = getattr(policy, "why", None)
     name = _policy_name(policy)
     rows: dict[str, Row] = {}
@@ -146,8 +158,8 @@ def _report(prof: Profile, policy: PolicyFn) -> Report:
             row = rows[c.name] = Row(c.name, 0, 0, 0, 0.0, "", "")
         calls_of.setdefault(c.name, []).append(i)
         row.calls += 1
-        row.saved_bytes += sum(prof.storage_bytes[s] for s, j in owner.items() if j == i)
-        row.freed_bytes += sum(prof.storage_bytes[s] for s, j in allocated.items() if j == i and s not in kept)
+        row.saved_bytes += saved_by.get(i, 0)
+        row.freed_bytes += freed_by.get(i, 0)
         if not c.saved:
             row.recompute_cost += c.cost
         if c.stale:
