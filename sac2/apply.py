@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Union
 
 from torch import nn
 
-from sac2 import messages
+from sac2 import messages, region_record
 from sac2.answers import Policy, SaveList
 from sac2.checkpointing import create_selective_checkpoint_contexts
 from sac2.model_regions import DEFAULT_SAVE, Target, make_regions
@@ -29,6 +29,7 @@ def apply_ac(
     save: Iterable[Target] | None = None,
     blocks: Blocks = None,
     every: int = 1,
+    keep_inputs: bool = False,
     **checkpoint_kwargs: Any,
 ) -> list[str]:
     """Wrap blocks of ``model`` in place with ``sac2.checkpoint_wrapper``; return the names of the wrapped blocks.
@@ -38,9 +39,11 @@ def apply_ac(
     - ``mode="regions"``: make the calls ``save`` names inside each block regions, without editing the model's
       source, and keep exactly those (``sac2.model_regions``: ``"attention"``, ``"linear"``, ``"experts"``, module
       classes, name globs). The policy names only regions, so no dispatch
-      mode runs: the ops between regions cost what they cost without checkpointing. Default ``("attention",)``:
-      a saved region keeps its body's backward state (a Linear's input too), so saving every Linear keeps about
-      what no checkpointing keeps.
+      mode runs: the ops between regions cost what they cost without checkpointing. Default ``("attention",)``.
+      A saved region keeps its outputs and the backward state its body makes; what its body saves of its own
+      inputs (a Linear's input, attention's q/k/v) is rebuilt in recompute, as saving the same ops does.
+    - ``keep_inputs=True`` (regions): keep those inputs for real instead, for inputs whose producer may not give
+      the same values in recompute (nondeterministic kernels such as GPU atomics); it costs their memory.
     - ``blocks``: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
       module names, or a predicate (the outermost modules it accepts). Default: ``model.layers`` if it is such a
       container, else the one container of ``model`` with the most children, all of one class.
@@ -65,7 +68,9 @@ def apply_ac(
     if mode == "regions":
         chosen = DEFAULT_SAVE if save is None else save
         # A SaveList, not a list: torch.compile reads a policy object in a context_fn, not a list of Regions.
-        policy = SaveList(make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen))
+        made = make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen)
+        region_record.keep_inputs([r.name for r in made], keep_inputs)
+        policy = SaveList(made)
     if mode in ("selective", "regions"):
         context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
         checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}

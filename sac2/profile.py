@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, keys, messages
+from sac2 import _compat, keys, messages, region_record
 from sac2._compat import TorchDispatchMode, tree_leaves
 from sac2.answers import CheckpointPolicy, Policy, PolicyFn, SelectiveCheckpointContext, as_policy, is_save, op_name
 from sac2.checkpointing import checkpoint
@@ -186,9 +186,12 @@ class _Profiling(CachingMode):
         self.answers[n] = self.ask(key, args, kwargs, None, n)
         state: list[Tensor] = []
         self.region_state[n] = state
+        # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_record``).
+        layouts = [] if region_record.keeps_inputs(key) else region_record.input_layouts(args, kwargs)
 
         def note(t: Tensor) -> Tensor:
-            state.append(t)
+            if not layouts or region_record.rebuilds(t, layouts) is None:
+                state.append(t)
             return t
 
         def run_kept_noting(*a: Any, **k: Any) -> Any:  # run_kept, noting what autograd keeps in the body

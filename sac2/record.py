@@ -73,7 +73,7 @@ class Saved:
 
     __slots__ = (
         "key", "out", "tensors", "versions", "writes", "unseen_writes", "requires_grad", "rng", "offload", "stale",
-        "hooks", "packed",
+        "hooks", "packed", "rebuilt",
     )
 
     def __init__(self, key: Key) -> None:
@@ -92,6 +92,8 @@ class Saved:
         self.hooks: Hooks | None = None
         #: What the hooks hold: the outputs with ``_Packed`` for tensors, and (path, ``_Packed``) per write.
         self.packed: tuple[Any, list[tuple[writes.Path, _Packed]]] | None = None
+        #: A saved region's body saves that recompute rebuilds from its inputs (``sac2.region_record``), or None.
+        self.rebuilt: Any = None
 
     # --- forward -----------------------------------------------------------------------------------------
     def keep_output(self, out: Tensor) -> None:

@@ -24,18 +24,15 @@ __all__ = ["region", "call_region", "region_key"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _identity(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
 def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     with compiled_region():
         return fn(*args, **kwargs)
 
 
 def _run_kept(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    # Hooks pushed inside the checkpoint take precedence: autograd keeps real tensors, not checkpoint placeholders.
-    with torch.autograd.graph.saved_tensors_hooks(_identity, _identity), compiled_region():
+    # The body of a saved region: ``sac2.region_record`` runs it under saved-tensor hooks of its own, which take
+    # precedence over the checkpoint's, so autograd keeps real tensors (but for those recompute rebuilds).
+    with compiled_region():
         return fn(*args, **kwargs)
 
 
@@ -63,10 +60,10 @@ def call_region(key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwar
 
 
 @overload
-def region(fn: F, *, name: str | None = None) -> F: ...
+def region(fn: F, *, name: str | None = None, keep_inputs: bool | None = None) -> F: ...
 @overload
-def region(fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
-def region(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+def region(fn: None = None, *, name: str | None = None, keep_inputs: bool | None = None) -> Callable[[F], F]: ...
+def region(fn: Callable[..., Any] | None = None, *, name: str | None = None, keep_inputs: bool | None = None) -> Any:
     """Make each call of ``fn`` one op for sac2's selective checkpointing, named ``name`` (``fn.__qualname__``).
 
     Use as ``@sac2.region``, ``@sac2.region(name="attn")`` or ``sac2.region(fn, name="attn")``. Inside sac2 SAC
@@ -74,10 +71,16 @@ def region(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> 
     ``ctx.op_output`` is None; ``sac2.Region(name)`` in a save list saves it. Saved: the outputs and what the
     body's backward needs are kept, and the body does not run in backward. Recomputed: the body runs once more in
     backward. Either way the body runs in ``compiled_region()``. Outside sac2 SAC, a call just calls ``fn``.
+
+    What a saved body saves of its own inputs (a matmul's input) is rebuilt from them in recompute, not kept;
+    ``keep_inputs=True`` keeps it for real (inputs a nondeterministic producer made, e.g. GPU atomics), ``False``
+    rebuilds it again, None leaves the region's setting as it is (``sac2.region_record.keep_inputs``).
     """
     if fn is None:
-        return functools.partial(region, name=name)
+        return functools.partial(region, name=name, keep_inputs=keep_inputs)
     key = region_key(name or fn.__qualname__)
+    if keep_inputs is not None:
+        region_record.keep_inputs([key.name], keep_inputs)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:

@@ -22,6 +22,7 @@ __all__ = [
     "set_rng_states", "device_initialized_since", "device_context", "fresh_device_context", "make_saved_tensor",
     "unpack_saved_tensor", "graph_exec_group", "graph_task", "push_checkpoint_hooks", "pop_checkpoint_hooks",
     "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed", "version_witness",
+    "checkpoint_forward_hooks", "top_saved_tensors_hooks",
     "HookPair", "Devices", "AutocastState", "RngStates", "SavedTensor",
 ]
 
@@ -367,3 +368,19 @@ def set_grad_enabled(enabled: bool) -> bool:
     return was
 
 
+def checkpoint_forward_hooks() -> HookPair | None:
+    """The (pack, unpack) pair of the checkpoint whose forward runs right now (sac2's frame or torch's), when it is
+    the innermost saved-tensor hook pair; None otherwise. A saved region hands it the tensors its body saves that
+    are (views of) its own inputs, so the checkpoint keeps a position for them instead of the tensor.
+
+    Removable: torch exposes the innermost saved-tensor hooks publicly (``_top_saved_tensors_default_hooks``).
+    """
+    return _top_hooks() if in_checkpoint_forward() else None
+
+
+def top_saved_tensors_hooks() -> HookPair | None:
+    """The innermost saved-tensor hook pair, or None: in a checkpoint's recompute, its recompute hooks.
+
+    Removable: torch exposes the innermost saved-tensor hooks publicly (``_top_saved_tensors_default_hooks``).
+    """
+    return _top_hooks()

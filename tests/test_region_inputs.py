@@ -1,0 +1,185 @@
+"""A saved region keeps its outputs and the backward state its body makes, never a tensor recompute rebuilds anyway.
+
+A tensor a saved region's body saves that is (a view of) one of the region's own inputs is kept by the checkpoint
+as a position and rebuilt from the replayed input in recompute (``sac2.region_record``), so saving a call as a
+region keeps what saving the same ops op by op keeps; ``keep_inputs`` keeps them for real instead.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from torch import nn
+
+import sac2
+from sac2 import region_record
+from sac2.bench.memory import measure_step
+from sac2.bench.models import CONFIGS, Transformer, random_tokens
+
+aten = torch.ops.aten
+CFG = CONFIGS["tiny"]
+MATMULS = [aten.mm.default, aten.addmm.default]
+SDPA = [aten._scaled_dot_product_flash_attention_for_cpu.default]
+OPS = {"linear": MATMULS, "attention": SDPA}
+
+
+def _transformer() -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(CFG)
+
+
+def _kept_and_grads(model: nn.Module, forward) -> tuple[int, list[torch.Tensor]]:
+    memory, _ = measure_step(lambda: forward(model), "cpu")
+    return memory.kept, [p.grad for p in model.parameters()]
+
+
+def _same(got: list[torch.Tensor | None], reference: list[torch.Tensor | None]) -> bool:
+    return all((g is None and r is None) or (g is not None and r is not None and torch.equal(g, r))
+               for g, r in zip(got, reference, strict=True))
+
+
+def _lm(model: nn.Module) -> torch.Tensor:
+    return model(*random_tokens(CFG, torch.Generator().manual_seed(0), torch.device("cpu")))
+
+
+@pytest.mark.parametrize("save", [["linear"], ["attention"], ["linear", "attention"]],
+                         ids=["linears", "attention", "both"])
+def test_saved_regions_keep_what_saving_their_ops_keeps_and_train_bitwise(save):
+    _, reference = _kept_and_grads(_transformer(), _lm)
+    by_ops = _transformer()
+    sac2.apply_ac(by_ops, "selective", policy=[op for s in save for op in OPS[s]], blocks=by_ops.blocks)
+    ops_kept, _ = _kept_and_grads(by_ops, _lm)
+    regions = _transformer()
+    sac2.apply_ac(regions, "regions", save=save, blocks=regions.blocks)
+    kept, grads = _kept_and_grads(regions, _lm)
+    assert kept <= ops_kept + 1024
+    assert _same(grads, reference)
+
+
+def test_keep_inputs_keeps_the_inputs_for_real_and_still_trains_bitwise():
+    _, reference = _kept_and_grads(_transformer(), _lm)
+    rebuilt, keeping = _transformer(), _transformer()
+    sac2.apply_ac(rebuilt, "regions", save=["linear"], blocks=rebuilt.blocks)
+    rebuilt_kept, _ = _kept_and_grads(rebuilt, _lm)
+    try:
+        sac2.apply_ac(keeping, "regions", save=["linear"], blocks=keeping.blocks, keep_inputs=True)
+        keeping_kept, grads = _kept_and_grads(keeping, _lm)
+    finally:
+        region_record.keep_inputs(["qkv", "proj", "gate_up", "down"], False)
+    # Each block's four Linear inputs: the normed input (twice), attention's output, the MLP's hidden state.
+    assert keeping_kept - rebuilt_kept >= CFG.n_layers * 2 * 32 * CFG.dim * 4
+    assert _same(grads, reference)
+
+
+class _Net(nn.Module):
+    """sin -> Linear region (on ``view(x)``) -> cos, checkpointed, saving the region only."""
+
+    def __init__(self, view=lambda h: h, twice: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = nn.Linear(16, 16)
+        self.b = nn.Linear(16, 16)
+        self.view, self.twice = view, twice
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.view(x.sin())
+        h = sac2.region(self.a, name="ri_a")(h)
+        if self.twice:  # a region whose input another saved region made
+            h = sac2.region(self.b, name="ri_b")(h)
+        return h.cos()
+
+    def forward(self, x: torch.Tensor, checkpointed: bool = True, **options) -> torch.Tensor:
+        if not checkpointed:
+            return self.body(x)
+        context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("ri_a"), sac2.Region("ri_b")])
+        return sac2.checkpoint(self.body, x, use_reentrant=False, context_fn=context_fn, **options)
+
+
+def _backward(style: str, net: _Net, x: torch.Tensor, **options) -> list[torch.Tensor]:
+    leaves = [x, *net.parameters()]
+    out = net(x, **options).sum() if options.pop("checkpointed", True) else net(x, checkpointed=False).sum()
+    if style == "once":
+        out.backward()
+    elif style == "retain_graph":
+        out.backward(retain_graph=True)
+        out.backward()
+    elif style == "inputs":
+        out.backward(inputs=[x, net.a.weight])
+        return [x.grad, net.a.weight.grad]
+    elif style == "double":
+        grads = torch.autograd.grad(out, leaves, create_graph=True, allow_unused=True)
+        sum(g.square().sum() for g in grads if g is not None).backward()
+    return [t.grad for t in leaves]
+
+
+STYLES = ["once", "retain_graph", "double", "inputs"]
+VIEWS = {"plain": lambda h: h, "slice": lambda h: h[:, 4:20], "transposed": lambda h: h.t().contiguous().t()}
+
+
+@pytest.mark.parametrize("view", list(VIEWS), ids=list(VIEWS))
+@pytest.mark.parametrize("twice", [False, True], ids=["one", "chained"])
+@pytest.mark.parametrize("style", STYLES)
+def test_a_region_rebuilding_its_input_gives_no_checkpointing_gradients(style, twice, view):
+    x = torch.randn(8, 24, requires_grad=True) if view == "slice" else torch.randn(8, 16, requires_grad=True)
+    reference = _backward(style, _Net(VIEWS[view], twice), x.detach().clone().requires_grad_(), checkpointed=False)
+    got = _backward(style, _Net(VIEWS[view], twice), x.detach().clone().requires_grad_())
+    assert _same(got, reference)
+
+
+@pytest.mark.parametrize("how", ["torch_frame", "no_early_stop"])
+def test_rebuilt_inputs_stay_in_step_on_torch_frame_and_without_early_stop(how):
+    x = torch.randn(8, 16)
+    reference = _backward("retain_graph", _Net(twice=True), x.clone().requires_grad_(), checkpointed=False)
+    if how == "torch_frame":
+        with sac2.use_torch_frame():
+            got = _backward("retain_graph", _Net(twice=True), x.clone().requires_grad_())
+    else:
+        got = _backward("retain_graph", _Net(twice=True), x.clone().requires_grad_(), early_stop=False)
+    assert _same(got, reference)
+
+
+def test_a_saved_linear_region_keeps_no_copy_of_its_input():
+    net = _Net()
+    x = torch.randn(4096, 16, requires_grad=True)
+    memory, _ = measure_step(lambda: net(x).sum(), "cpu")
+    # The Linear's output (4096 x 16 floats), which cos saves too; not sin's output, the Linear's input.
+    assert memory.kept < 2 * 4096 * 16 * 4
+
+
+def test_an_input_written_in_place_after_the_region_is_autograds_error():
+    def run(checkpointed: bool) -> None:
+        net = _Net()
+        x = torch.randn(8, 16, requires_grad=True)
+
+        def body(x):
+            h = x.sin()
+            y = sac2.region(net.a, name="ri_a")(h)
+            h.mul_(2)  # the Linear saved h for its backward
+            return y.sum()
+
+        context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("ri_a")])
+        out = sac2.checkpoint(body, x, use_reentrant=False, context_fn=context_fn) if checkpointed else body(x)
+        out.backward()
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        run(False)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        run(True)
+
+
+def test_explain_reports_a_linear_region_keeping_its_outputs_only():
+    net = _Net()
+    x = torch.randn(64, 16)
+    report = sac2.explain(net.body, (x,), [sac2.Region("ri_a")])
+    (row,) = [r for r in report.regions if r.region == "ri_a"]
+    assert row.kept_bytes == row.output_bytes == 64 * 16 * 4
+
+
+def test_a_regions_only_policy_runs_no_extra_region_body_in_backward():
+    net = _Net(twice=True)
+    runs = []
+    net.a.register_forward_hook(lambda *a: runs.append("a"))
+    net(torch.randn(8, 16, requires_grad=True)).sum().backward()
+    assert runs == ["a"]  # forward only: the saved region is served in recompute
