@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
+from sac2 import region_record
 from sac2.answers import CheckpointPolicy
 from sac2.model_regions import make_regions
 
@@ -226,8 +227,10 @@ def make_policy(kind: str, p: Problem) -> Any:
     if kind == "budget":
         fn, inputs = p.profile()
         return sac2.policies.memory_budget(fn, inputs, 0.5, cost="flops")
-    if kind == "regions":
-        return make_regions(p.model, p.blocks, ["attention", "linear"])
+    if kind in ("regions", "regions_keep_inputs"):
+        regions = make_regions(p.model, p.blocks, ["attention", "linear"])
+        region_record.keep_inputs([r.name for r in regions], kind == "regions_keep_inputs")
+        return regions
     if kind == "offload":
         return _offload_matmuls
     raise AssertionError(kind)
@@ -274,8 +277,8 @@ def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None
     if route == "apply_ac":
         if kind == "full":
             sac2.apply_ac(model, "full")
-        elif kind == "regions":
-            sac2.apply_ac(model, "regions", save=["attention", "linear"])
+        elif kind in ("regions", "regions_keep_inputs"):
+            sac2.apply_ac(model, "regions", save=["attention", "linear"], keep_inputs=kind == "regions_keep_inputs")
         else:
             sac2.apply_ac(model, "selective", policy=make_policy(kind, p))
         return None

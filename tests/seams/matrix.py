@@ -49,7 +49,8 @@ POLICIES = (
     "torchtitan",  # sac2.policies.torchtitan(model); torchtitan's own SelectiveAC on the torchtitan route
     "compose",  # compose(recompute_linears(model, [...]), llm())
     "budget",  # sac2.policies.memory_budget(block, inputs, 0.5, cost="flops"), profiled in eager
-    "regions",  # a save list of only sac2.Regions (the model's calls made regions)
+    "regions",  # a save list of only sac2.Regions (the model's calls made regions); their inputs rebuilt
+    "regions_keep_inputs",  # the same, keep_inputs=True: what the regions' bodies save of their inputs kept for real
     "offload",  # MUST_CPU_OFFLOAD for matmuls
 )
 BACKWARDS = (
@@ -205,7 +206,7 @@ RULES: tuple[Rule, ...] = (
         "(lambda: create_selective_checkpoint_contexts(regions)), not a functools.partial: docs/compiled.md says "
         "dynamo cannot read a list policy a partial holds (for Regions it cannot: 'Not a Python constant'). Where "
         "the user builds the context_fn; sac2.apply_ac builds its own.",
-        lambda c: c.compiled and c.policy == "regions" and c.route not in ("apply_ac", "torchtitan"),
+        lambda c: c.compiled and c.policy.startswith("regions") and c.route not in ("apply_ac", "torchtitan"),
     ),
 )
 
