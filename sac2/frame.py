@@ -235,42 +235,10 @@ class Frame:
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
-        holders = self.holders
-        n = len(holders)
-        store: Store = [None] * n
-        count = 0
-        early_stop = self.early_stop
-        finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
-        # sac2's modes ignore detach (the recompute hook's own): skip their Python dispatch for plain tensors
-        detach = _compat.detach_below_sac2 if finish_op is not None else _detach
-
-        def pack(x: Tensor) -> Tensor:
-            nonlocal count
-            i = count
-            count = i + 1
-            if x.requires_grad:
-                x = detach(x)
-            if i >= n:
-                if early_stop:  # the op that saved the last tensor finished (see below): stop
-                    raise _Stop
-                if not self.completed:  # a backward inside the forward, without early stop
-                    self.ignore_mismatch = True
-                    return x
-                raise CheckpointError(messages.more_saved_in_recompute(_compat.DEBUG_TIP))
-            if holders[i]() is not None:
-                store[i] = x
-            if early_stop and count == n and (finish_op is None or not finish_op(_Stop)):
-                raise _Stop  # the last saved tensor is back; an op that writes into it finishes first
-            return x
-
+        store: Store = [None] * len(self.holders)
+        pack, count = self._recompute_hook(store)
         inputs = [_compat.unpack_saved_tensor(a) for a in self.inputs]
-        contexts = _compat.autocast_contexts(self.autocast)
-        if self.recompute_context is not None:
-            contexts.append(self.recompute_context)
-        if self.device_context is not None:
-            contexts.append(_compat.fresh_device_context(self.device_context))
-        if self.trace is not None:
-            contexts.append(self.trace.recompute_mode())
+        contexts = self._recompute_contexts()
         rng = _compat.set_rng_states(self.rng) if self.rng is not None else None
         generators = [(g, _replace_state(g, state)) for g, state in self.generators]
         grad_was = _compat.set_grad_enabled(True)
@@ -284,18 +252,58 @@ class Frame:
             raise
         finally:
             _compat.pop_checkpoint_hooks(pack)
-            _compat.set_grad_enabled(grad_was)
-            if rng is not None:
-                _compat.set_rng_states(rng)
-            for g, state in generators:
-                g.set_state(state)
+            _restore(grad_was, rng, generators)
         if not self.ignore_mismatch:
             try:
-                self._check(count, store)
+                self._check(count[0], store)
             except CheckpointError as error:
                 self._explain(error)
                 raise
         return store
+
+    def _recompute_hook(self, store: Store) -> tuple[Callable[[Tensor], Tensor], list[int]]:
+        """The recompute's pack hook, which fills ``store`` by position, and the count of tensors it has seen."""
+        holders, count = self.holders, [0]
+        n, early_stop = len(holders), self.early_stop
+        finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
+        # sac2's modes ignore detach (the recompute hook's own): skip their Python dispatch for plain tensors
+        detach = _compat.detach_below_sac2 if finish_op is not None else _detach
+
+        def pack(x: Tensor) -> Tensor:
+            i = count[0]
+            count[0] = i + 1
+            if x.requires_grad:
+                x = detach(x)
+            if i >= n:
+                return self._extra(x)
+            if holders[i]() is not None:
+                store[i] = x
+            if early_stop and i + 1 == n and (finish_op is None or not finish_op(_Stop)):
+                raise _Stop  # the last saved tensor is back; an op that writes into it finishes first
+            return x
+
+        return pack, count
+
+    def _extra(self, x: Tensor) -> Tensor:
+        """Recompute saved more tensors than forward did."""
+        if self.early_stop:  # the op that saved the last tensor finished (see finish_op): stop
+            raise _Stop
+        if not self.completed:  # a backward inside the forward, without early stop
+            self.ignore_mismatch = True
+            return x
+        raise CheckpointError(messages.more_saved_in_recompute(_compat.DEBUG_TIP))
+
+    def _recompute_contexts(self) -> list[ContextManager[object]]:
+        """What the recompute runs in: the forward's autocast state, the policy's replay, the device context, the
+        debug trace; entered in that order."""
+        contexts = _compat.autocast_contexts(self.autocast)
+        if self.recompute_context is not None:
+            contexts.append(self.recompute_context)
+        if self.device_context is not None:
+            contexts.append(_compat.fresh_device_context(self.device_context))
+        if self.trace is not None:
+            contexts.append(self.trace.recompute_mode())
+        return contexts
 
     def _explain(self, error: RuntimeError) -> None:
         """With ``debug=True``, raise ``error`` again (its own type) with the forward's and recompute's ops."""
@@ -331,6 +339,15 @@ def _run_in(
 
 def _identity(x: Tensor) -> Tensor:
     return x
+
+
+def _restore(grad_was: bool, rng: _compat.RngStates | None, generators: list[tuple[torch.Generator, Tensor]]) -> None:
+    """Put grad mode, the global RNG and the named generators back as they were before a recompute."""
+    _compat.set_grad_enabled(grad_was)
+    if rng is not None:
+        _compat.set_rng_states(rng)
+    for g, state in generators:
+        g.set_state(state)
 
 
 def _replace_state(g: torch.Generator, state: Tensor) -> Tensor:

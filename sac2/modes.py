@@ -149,15 +149,9 @@ class CachingMode(SacMode):
             return self._tracer.op(func, op, args, kwargs)
         if kind == IGNORE:
             return op.call(*args, **kwargs)
+        if kind == VIEW:
+            return self._view(func, op, args, kwargs)
         record = self.record
-        if kind == VIEW:  # never saved (re-running a view is free and right); the policy is still asked
-            out = op.call(*args, **kwargs)
-            if record.by_storage:
-                self._track_op(func, op, args, kwargs, out)
-            if self._save_ids is None:
-                self.decide(func, op, args, kwargs, out, len(self._log))
-            self._log.append(func)
-            return out
         rng = rng_before(op.random or kind >= HOP, args, kwargs)  # a HOP may draw random numbers inside
         key: keys.Key
         if kind == PLAIN:
@@ -174,16 +168,7 @@ class CachingMode(SacMode):
                 record.wrote([t for t, v in before if _version(t) != v])
                 record.wrote(writes.unversioned_writes(func, args, kwargs))
         log = self._log
-        if self._save_ids is not None:
-            save_ops = self._save_ops
-            save = id(func) in self._save_ids or (
-                kind == KEYED and save_ops is not None and keys.region_of(func, args) in save_ops
-            )
-            offload = False
-            save = save or op.ordered
-        else:
-            policy = self.decide(func, op, args, kwargs, out, len(log))
-            save, offload = policy in SAVING, policy in OFFLOADING
+        save, offload = self._answer(func, op, args, kwargs, out)
         if save:
             entry = self._save(key, func, op, args, kwargs, out, before)
             if entry is not None:
@@ -194,6 +179,29 @@ class CachingMode(SacMode):
             record.draws[len(log)] = rng  # recompute draws again from the user's generator: from this state
         log.append(key)
         return out
+
+    def _view(self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A view op: never saved (re-running a view is free and right); the policy is still asked."""
+        out = op.call(*args, **kwargs)
+        if self.record.by_storage:
+            self._track_op(func, op, args, kwargs, out)
+        if self._save_ids is None:
+            self.decide(func, op, args, kwargs, out, len(self._log))
+        self._log.append(func)
+        return out
+
+    def _answer(
+        self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: object
+    ) -> tuple[bool, bool]:
+        """(save, offload) for one call on ``_dispatch``'s path: a save list's membership (a keyed op by the region
+        it runs; an ordered side effect always), else the policy's answer."""
+        if self._save_ids is None:
+            policy = self.decide(func, op, args, kwargs, out, len(self._log))
+            return policy in SAVING, policy in OFFLOADING
+        save_ops = self._save_ops
+        if id(func) in self._save_ids or op.ordered:
+            return True, False
+        return op.kind == KEYED and save_ops is not None and keys.region_of(func, args) in save_ops, False
 
     def _track_op(
         self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any

@@ -59,7 +59,7 @@ def _frame_now() -> str:
     name = getattr(hooks[0], "__qualname__", "")
     for prefix, kind in (
         ("Frame.hooks.", "sac2 forward"),
-        ("Frame.recompute.", "sac2 recompute"),
+        ("Frame._recompute_hook.", "sac2 recompute"),
         ("_checkpoint_hook.", "torch forward"),
         ("_recomputation_hook.", "torch recompute"),
     ):
