@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI step: the differential fuzzer's long mode, 10,000 cases (about 3 minutes on 2 cores; the limit is 20).
+# CI step: the differential fuzzer's long mode, 10,000 cases (about 5 minutes on 2 cores; the limit is 19).
 # Exits non-zero when any case fails; the summary and every failing case's reproducer go to fuzz-report.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

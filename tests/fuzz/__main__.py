@@ -1,9 +1,11 @@
 """The fuzzer's long mode: ``python -m tests.fuzz --cases N --seed S [--report FILE]``.
 
 Runs seeds S .. S+N-1, prints a summary table, the failure classes (with the smallest case of each) and one
-reproducer line per failing case; exits 1 when any case fails. A failure class is sac2's verdict (``wrong``,
-``unclear_error``, ``false_divergence``, or ``needless_error``: sac2 raised where stock SAC or plain checkpoint is
-right) and the first difference. ``--only SEED --verbose`` runs one case and prints its program as Python source;
+reproducer line per failing case; exits 1 when any case fails. The table counts sac2's, stock SAC's and plain
+checkpoint's runs by class against training without checkpointing (``oracle.CLASSES``). A failure class is sac2's
+verdict (``wrong``, ``accepts_rejected``, ``other_error``, ``needless_error``, ``unclear_error``,
+``false_divergence``, ``leaked``: see ``oracle._verdict``) and the first difference. ``--only SEED --verbose``
+runs one case and prints its program as Python source;
 ``--shrink`` also deletes statements, outputs and saved ops while the same failure remains, and prints the
 smallest program found.
 """
@@ -19,7 +21,7 @@ import time
 
 import torch
 
-from tests.fuzz.oracle import CaseResult, run_case
+from tests.fuzz.oracle import CLASSES, CaseResult, run_case
 from tests.fuzz.programs import Program
 
 __all__ = ["main", "summarize", "shrink", "failure_class"]
@@ -54,6 +56,8 @@ def shrink(result: CaseResult, budget: int = 300) -> CaseResult:
         for simpler in (
             dataclasses.replace(p, backward="grad"),
             dataclasses.replace(p, preserve_rng_state=True),
+            dataclasses.replace(p, hooks=""),
+            dataclasses.replace(p, epilogue=[]),
         ):
             if simpler != p and attempt(simpler):
                 changed = True
@@ -80,36 +84,30 @@ def _pct(n: int, d: int) -> str:
     return f"{100 * n / d:.1f}%" if d else "-"
 
 
+def _counts(results: list[CaseResult], attr: str) -> str:
+    counts = collections.Counter(getattr(r, attr) for r in results)
+    return " | ".join(str(counts[c]) for c in CLASSES)
+
+
 def summarize(results: list[CaseResult], seconds: float) -> str:
     """The summary table, the failure classes and the failing cases' reproducers, as Markdown."""
     valid = [r for r in results if r.status != "invalid"]
-    sac2 = collections.Counter(r.sac2 for r in valid)
-    stock = collections.Counter(r.stock for r in valid)
     failing = [r for r in results if r.status == "fail"]
     reported = [r for r in results if r.status == "reported"]
+    verdicts = collections.Counter(r.sac2 for r in valid)
     lines = [
-        f"sac2 differential fuzz: {len(results)} cases in {seconds:.0f} s",
+        f"sac2 differential fuzz: {len(results)} cases in {seconds:.0f} s; {len(valid)} valid, "
+        f"{sum(bool(r.oracle_error) for r in valid)} of them rejected by the un-checkpointed run; "
+        f"{len(failing)} failing, {len(reported)} reported, {len(results) - len(valid)} invalid (not deterministic)",
         "",
-        "| cases | valid | sac2 exact | sac2 clear error | sac2 silently wrong | sac2 unclear error | "
-        "sac2 false divergence | sac2 needless error | stock exact | plain checkpoint wrong | failing | reported |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        f"| {len(results)} | {len(valid)} | {_pct(sac2['exact'], len(valid))} "
-        f"| {_pct(sac2['clear_error'], len(valid))} "
-        f"| {sac2['wrong']} | {sac2['unclear_error']} | {sac2['false_divergence']} | {sac2['needless_error']} "
-        f"| {_pct(stock['exact'], len(valid))} "
-        f"| {sum(r.plain != 'exact' for r in valid)} | {len(failing)} | {len(reported)} |",
+        "| | " + " | ".join(CLASSES.values()) + " |",
+        "| --- |" + " --- |" * len(CLASSES),
+        f"| sac2 | {_counts(valid, 'sac2_class')} |",
+        f"| stock SAC (recorded, not judged) | {_counts(valid, 'stock')} |",
+        f"| plain checkpoint (recorded, not judged) | {_counts(valid, 'plain')} |",
         "",
-        f"stock SAC: {stock['exact']} exact, {stock['wrong']} wrong, "
-        f"{stock['clear_error'] + stock['unclear_error'] + stock['false_divergence']} "
-        f"errors (not judged). Invalid programs (the un-checkpointed run fails): {len(results) - len(valid)}.",
+        "sac2 verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items(), key=lambda kv: -kv[1])) + ".",
     ]
-    # Reported (plain checkpoint is wrong too, e.g. torch's early stop) yet stock SAC is exact: worth a look.
-    stock_only = [r.seed for r in reported if r.stock == "exact" and r.sac2 != "exact"]
-    if stock_only:
-        lines.append(
-            f"Reported cases where stock SAC is exact and sac2 is not: {len(stock_only)} "
-            f"(seeds {', '.join(map(str, stock_only[:20]))}{', ...' if len(stock_only) > 20 else ''})."
-        )
     if failing:
         classes: dict[str, list[CaseResult]] = collections.defaultdict(list)
         for r in failing:
@@ -120,7 +118,7 @@ def summarize(results: list[CaseResult], seconds: float) -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         for name, rs in sorted(classes.items(), key=lambda kv: -len(kv[1])):
-            small = min(rs, key=lambda r: len(r.program.function_source()))
+            small = min(rs, key=lambda r: len(r.program.source()))
             lines.append(
                 f"| {name.replace('|', '/')} | {len(rs)} | {_pct(len(rs), len(valid))} "
                 f"| {sum(r.stock == 'exact' for r in rs)} | {small.seed} |"
@@ -151,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             print(result.program.source())
             print(
                 f"# -> {result.status}: sac2 {result.sac2}, stock {result.stock}, plain {result.plain}; "
-                f"{result.detail}\n"
+                f"{result.detail}"
+                + (f"\n# the un-checkpointed run raises: {result.oracle_error}" if result.oracle_error else "")
+                + "\n"
             )
     text = summarize(results, time.perf_counter() - start)
     print(text)

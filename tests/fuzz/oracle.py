@@ -6,24 +6,27 @@ policy) and ``plain`` (torch's checkpoint, no policy). Each run records its outp
 after backward and the global generator's state, and whether it left a dispatch mode or torch's "in a dispatch
 mode" flags behind. Comparisons are bitwise (NaN equals NaN at the same place).
 
-A case *passes* when sac2 is exact, or fails with an error naming the op while neither stock SAC nor plain
-checkpoint gets the case right; it *fails* when sac2 is silently wrong, raises an error that does not name the op,
-reports a divergence (the program is proven deterministic), leaves a dispatch mode behind, or raises at all
-(``needless_error``, however clear the error) where stock SAC or plain checkpoint is right, unless the error is
-one docs/concepts.md documents on purpose and the case did what earns it (``_DOCUMENTED``). It is *reported*, not
-failed, when torch's plain checkpoint is itself wrong or fails (and stock SAC is not right where sac2 raises), or
-when sac2 is wrong or raises and so does the un-checkpointed program run under a do-nothing dispatch mode (torch
-computing differently under any mode, e.g. matmul decomposing another way: every mode-based SAC inherits that).
-Stock SAC is recorded beside sac2, judged never, only used as evidence that a case can be done.
-The generator after the case is compared with the oracle's too: with ``preserve_rng_state=False`` a recompute that
-re-runs a random op draws from the live generator, so plain checkpoint is wrong there (reported), while sac2,
-serving saved random ops without touching the generator, can still be exact.
+The reference is training without checkpointing. A case *passes* when sac2 is exact against it; where the
+un-checkpointed run raises (autograd's "one of the variables needed for gradient computation has been modified by
+an inplace operation" when a saved tensor is written in place), when sac2 raises too, in that error's words; where
+it succeeds, when sac2 raises an error docs/concepts.md documents on purpose and the case did what earns it
+(``_DOCUMENTED``). Every other outcome *fails*: silently wrong (whatever torch's plain checkpoint or stock SAC do:
+they are recorded beside sac2, never an excuse), accepting what the un-checkpointed run rejects, an error without
+its words, any error where it succeeds, a reported divergence (the program is proven deterministic), a dispatch
+mode left behind. It is *reported*, not failed, only when the un-checkpointed program run under a do-nothing
+dispatch mode behaves differently as well (torch computing differently under any mode, e.g. matmul decomposing
+another way: every mode-based SAC inherits that). Stock SAC and plain checkpoint are recorded, never judged.
+The global generator and, where the program makes one, its explicit generator after the case are compared with
+the oracle's too: with ``preserve_rng_state=False`` a recompute that re-runs a random op draws from the live
+generator, which training without checkpointing never does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import inspect
 import random
 import re
 import warnings
@@ -35,9 +38,12 @@ import torch.utils.checkpoint as tuc
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
-from tests.fuzz.programs import ANSWERS, PolicySpec, Program, generate, op_key
+from tests.fuzz.programs import ANSWERS, PolicySpec, Program, generate, hooks_context, op_key
 
-__all__ = ["Outcome", "CaseResult", "run_variant", "run_case", "VARIANTS", "mode_state"]
+__all__ = [
+    "Outcome", "CaseResult", "run_variant", "run_case", "VARIANTS", "mode_state", "CLASSES", "PASSING",
+    "summary_class", "oracle_words",
+]  # fmt: skip
 
 VARIANTS = ("oracle", "sac2", "stock", "plain", "mode")
 _DIVERGED = re.compile(r"recompute diverged|recompute ran")
@@ -53,6 +59,7 @@ class Outcome:
     grads: list[Any] = dataclasses.field(default_factory=list)
     after: list[Any] = dataclasses.field(default_factory=list)
     rng: torch.Tensor | None = None
+    gen: torch.Tensor | None = None  # the explicit generator's state after the case (programs that make one)
     leaked: str | None = None
 
 
@@ -61,10 +68,12 @@ class CaseResult:
     seed: int
     program: Program
     status: str  # "pass", "fail", "reported", "invalid"
-    sac2: str = ""  # "exact", "clear_error", "needless_error", "wrong", "unclear_error", "false_divergence"
-    stock: str = ""
-    plain: str = ""  # "exact", "wrong", "error"
+    sac2: str = ""  # the verdict (``_verdict``): "exact", "same_error", "documented_error", or a failure
+    stock: str = ""  # stock SAC's summary class (``CLASSES``), recorded, never judged
+    plain: str = ""  # plain checkpoint's summary class, or "differs under any dispatch mode"
     detail: str = ""  # what differed, or the error
+    sac2_class: str = ""  # sac2's summary class (``CLASSES``)
+    oracle_error: str = ""  # the un-checkpointed run's error, where it raises
 
     def line(self) -> str:
         """A one-line reproducer."""
@@ -125,6 +134,10 @@ def _loss(outs: list[torch.Tensor]) -> torch.Tensor:
 
 
 class _DoNothing(TorchDispatchMode):
+    # HOPs pass through too (run again with the mode popped): without this every case with the fuzzer's HOP
+    # "differed under any dispatch mode" by raising, and its sac2 failures were reported instead of failed.
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         return func(*args, **(kwargs or {}))
 
@@ -134,9 +147,17 @@ def _under_do_nothing_mode(fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
 
+#: torch 2.14+ takes ``respect_saved_tensors_hooks``; on 2.13 stock and plain checkpoint run without it.
+_TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(tuc.checkpoint).parameters
+
+
 def _checkpointer(variant: str, program: Program) -> Callable[..., Any]:
     prs = program.preserve_rng_state
     spec = program.policy
+    hooks: dict[str, Any] = {}
+    if program.hooks:
+        hooks["respect_saved_tensors_hooks"] = program.respect_hooks
+    torch_hooks = hooks if _TORCH_TAKES_HOOKS_FLAG else {}
     if variant == "oracle":
         return lambda fn, *args: fn(*args)
     if variant == "mode":  # no checkpoint, under a dispatch mode that does nothing
@@ -147,6 +168,7 @@ def _checkpointer(variant: str, program: Program) -> Callable[..., Any]:
             *args,
             context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, spec.build()),
             preserve_rng_state=prs,
+            **hooks,
         )
     if variant == "stock":
         return lambda fn, *args: tuc.checkpoint(
@@ -155,8 +177,9 @@ def _checkpointer(variant: str, program: Program) -> Callable[..., Any]:
             use_reentrant=False,
             context_fn=functools.partial(tuc.create_selective_checkpoint_contexts, spec.build(stock=True)),
             preserve_rng_state=prs,
+            **torch_hooks,
         )
-    return lambda fn, *args: tuc.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=prs)
+    return lambda fn, *args: tuc.checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=prs, **torch_hooks)
 
 
 def _backward(program: Program, outs: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[Any]:
@@ -199,21 +222,28 @@ def run_variant(program: Program, variant: str) -> Outcome:
     """Run ``program`` once as ``variant``; never raises for what the program or a library does."""
     result = Outcome()
     ckpt = _checkpointer(variant, program)
+    scope: dict[str, Any] = {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fn = program.compile(ckpt)
+            scope = program.compile_scope(ckpt)
+            fn = scope["program"]
             inputs = program.make_inputs()
             torch.manual_seed(program.seed)
-            with torch.set_grad_enabled(program.backward != "no_grad"):
+            hooks = hooks_context(program.hooks) if program.hooks else contextlib.nullcontext()
+            with torch.set_grad_enabled(program.backward != "no_grad"), hooks:
                 raw = ckpt(fn, *inputs)
             result.outputs = _flat(raw)
+            if "epilogue" in scope:  # writes after the forward ended, before backward
+                scope["epilogue"](raw)
             outs = [o for o in raw if isinstance(o, torch.Tensor) and o.requires_grad]
             if program.backward != "no_grad":
                 result.grads = _flat(_backward(program, outs, [i for i in inputs if i.requires_grad]))
             result.after = _flat(raw)
     except Exception as e:  # noqa: BLE001 - every failure is data here
         result.error = f"{type(e).__name__}: {e}"
+    if "gen" in scope:
+        result.gen = scope["gen"].get_state()
     result.rng = torch.get_rng_state()
     result.leaked = mode_state()
     if result.leaked:
@@ -253,17 +283,20 @@ def diff(ref: Outcome, got: Outcome, rng: torch.Tensor) -> str | None:
                 )
     if not torch.equal(rng, got.rng):
         return "generator state after the case differs"
+    if (ref.gen is None) != (got.gen is None) or ref.gen is not None and not torch.equal(ref.gen, got.gen):
+        return "explicit generator's state after the case differs"
     return None
 
 
 #: sac2 errors that docs/concepts.md documents on purpose, each with the condition under which a case has earned it
-#: (then it is a ``clear_error``, not a ``needless_error``, even where stock SAC or plain checkpoint is right).
-#: A policy answering something that is not a CheckpointPolicy or a bool is the policy's fault. Not listed, so never
-#: excused: "modified in place after the checkpointed forward ended" (documented for a saved output the caller
-#: modifies after the forward; no case does: every backward style only reads the outputs) and "recompute diverged"
-#: (no case is nondeterministic: the oracle runs it twice first).
+#: (then it is a ``documented_error``, not a ``needless_error``, where the un-checkpointed run succeeds). A policy
+#: answering something that is not a CheckpointPolicy or a bool is the policy's fault; a saved output modified in
+#: place after the checkpointed forward ended (docs/concepts.md) is earned by a case whose epilogue writes after
+#: the forward. Not listed, so never excused: "recompute diverged" (no case is nondeterministic: the oracle runs it
+#: twice first).
 _DOCUMENTED: tuple[tuple[re.Pattern, Callable[[Program], bool]], ...] = (
     (re.compile(r"a policy must return a CheckpointPolicy member or a bool"), lambda program: True),
+    (re.compile(r"modified in place after the checkpointed forward ended"), lambda program: bool(program.epilogue)),
 )
 
 
@@ -271,14 +304,60 @@ def _documented(error: str, program: Program) -> bool:
     return any(pattern.search(error) and earned(program) for pattern, earned in _DOCUMENTED)
 
 
-def _category(d: str | None, outcome: Outcome) -> str:
+def oracle_words(error: str) -> str:
+    """What an error of the un-checkpointed run says, without its particulars: the first line of the message, up
+    to the first ``:`` or ``[`` (autograd's "one of the variables needed for gradient computation has been
+    modified by an inplace operation"). A checkpoint that must fail as the program does must say this."""
+    message = error.split(": ", 1)[-1].splitlines()[0] if error else ""
+    return re.split(r"[:\[]", message, maxsplit=1)[0].strip()
+
+
+#: The summary's categories, for sac2 and for stock SAC alike.
+CLASSES = {
+    "exact": "exact",
+    "wrong": "silently wrong",
+    "error_oracle_ok": "loud error where the oracle succeeds",
+    "error_oracle_fails": "loud error where the oracle fails",
+    "accepts_rejected": "accepts what the oracle rejects",
+    "leaked": "leaked a dispatch mode",
+}
+
+
+def summary_class(oracle: Outcome, got: Outcome, d: str | None) -> str:
+    """Which of ``CLASSES`` a variant's run falls in, against the oracle's run."""
+    if got.leaked:
+        return "leaked"
+    if oracle.error:
+        return "error_oracle_fails" if got.error else "accepts_rejected"
+    if got.error:
+        return "error_oracle_ok"
+    return "exact" if d is None else "wrong"
+
+
+def _verdict(oracle: Outcome, got: Outcome, d: str | None, program: Program) -> str:
+    """sac2's verdict: ``exact``, ``same_error`` (fails as the un-checkpointed program does, in its words),
+    ``documented_error`` (an error docs/concepts.md documents, earned) pass; ``wrong``, ``leaked``,
+    ``accepts_rejected`` (no error where the un-checkpointed program raises), ``other_error`` (an error without
+    the un-checkpointed program's words where it raises), ``false_divergence``, ``unclear_error`` (does not name
+    the op) and ``needless_error`` (any other error where the un-checkpointed program succeeds) fail."""
+    if got.leaked:
+        return "leaked"
+    if oracle.error:
+        if not got.error:
+            return "accepts_rejected"
+        return "same_error" if oracle_words(oracle.error) in got.error else "other_error"
     if d is None:
         return "exact"
-    if outcome.error and not outcome.leaked:
-        if _DIVERGED.search(outcome.error):
-            return "false_divergence"  # the oracle ran the program twice alike: recompute cannot diverge
-        return "clear_error" if "sac2" in outcome.error and _NAMES_AN_OP.search(outcome.error) else "unclear_error"
-    return "wrong"
+    if not got.error:
+        return "wrong"
+    if _DIVERGED.search(got.error):
+        return "false_divergence"  # the oracle ran the program twice alike: recompute cannot diverge
+    if _documented(got.error, program):
+        return "documented_error"
+    return "needless_error" if "sac2" in got.error and _NAMES_AN_OP.search(got.error) else "unclear_error"
+
+
+PASSING = ("exact", "same_error", "documented_error")
 
 
 def resolve_policy(program: Program) -> Program:
@@ -321,37 +400,58 @@ def resolve_policy(program: Program) -> Program:
     return dataclasses.replace(program, policy=dataclasses.replace(spec, ops=ops, answers=answers, pick=0.0))
 
 
+def _draws(program: Program, oracle: Outcome) -> bool:
+    """Whether the program draws random numbers: it moves the global generator or makes an explicit one."""
+    assert oracle.rng is not None
+    return program.gen_seed is not None or not torch.equal(torch.manual_seed(program.seed).get_state(), oracle.rng)
+
+
 def run_case(case: int | Program) -> CaseResult:
-    """Generate (or take) a program, run every variant, judge sac2."""
+    """Generate (or take) a program, run every variant, judge sac2 against the un-checkpointed run."""
     program = generate(case) if isinstance(case, int) else case
     first = run_variant(program, "oracle")
-    if first.error or first.leaked:
-        return CaseResult(program.seed, program, "invalid", detail=first.error or first.leaked or "")
-    if diff(first, run_variant(program, "oracle"), first.rng):
+    if first.leaked:
+        return CaseResult(program.seed, program, "invalid", detail=first.leaked)
+    again = run_variant(program, "oracle")
+    if first.error != again.error or not first.error and diff(first, again, first.rng):
         return CaseResult(program.seed, program, "invalid", detail="not deterministic")
     program = resolve_policy(program)
-    plain = run_variant(program, "plain")
     expected_rng = first.rng
+    assert expected_rng is not None
+    plain = run_variant(program, "plain")
     plain_diff = diff(first, plain, expected_rng)
-    results = {}
-    outcomes = {}
-    for variant in ("sac2", "stock"):
-        outcome = outcomes[variant] = run_variant(program, variant)
-        d = diff(first, outcome, expected_rng)
-        results[variant] = (_category(d, outcome), d or "")
-    (sac2_cat, detail), (stock_cat, _) = results["sac2"], results["stock"]
-    plain_cat = "exact" if plain_diff is None else ("error" if plain.error else "wrong")
-    sac2_error = outcomes["sac2"].error or ""
-    if sac2_cat == "clear_error" and "exact" in (plain_cat, stock_cat) and not _documented(sac2_error, program):
-        sac2_cat = "needless_error"  # torch's own checkpoint (full or selective) does this case right
-    if plain_cat != "exact" and sac2_cat != "needless_error":
-        status = "reported"
-    else:
-        status = "pass" if sac2_cat in ("exact", "clear_error") else "fail"
-        if sac2_cat in ("wrong", "needless_error") and diff(first, run_variant(program, "mode"), expected_rng):
-            # torch itself computes differently (or fails) under any dispatch mode (e.g. matmul decomposes
-            # another way): every mode-based SAC inherits it. Reported, as plain checkpoint's own errors are.
+    plain_cat = summary_class(first, plain, plain_diff)
+    outcomes = {v: run_variant(program, v) for v in ("sac2", "stock")}
+    diffs = {v: (None if first.error else diff(first, o, expected_rng)) for v, o in outcomes.items()}
+    classes = {v: summary_class(first, o, diffs[v]) for v, o in outcomes.items()}
+    verdict = _verdict(first, outcomes["sac2"], diffs["sac2"], program)
+    status = "pass" if verdict in PASSING else "fail"
+    if verdict in ("wrong", "needless_error", "unclear_error", "accepts_rejected"):
+        # torch itself computes differently (or fails, or stops failing) under any dispatch mode (e.g. matmul
+        # decomposes another way): every mode-based SAC inherits it. Reported, not failed.
+        mode = run_variant(program, "mode")
+        if first.error:
+            differs = not mode.error or oracle_words(first.error) not in mode.error
+        else:
+            differs = diff(first, mode, expected_rng) is not None
+        if differs:
             status, plain_cat = "reported", "differs under any dispatch mode"
+    if status == "fail" and verdict == "wrong" and not program.preserve_rng_state and _draws(program, first):
+        # preserve_rng_state=False asks a recompute to draw from the live generator: what it draws differs from
+        # the forward by request. Reported (the lead reads them), not failed.
+        status = "reported"
+    if first.error:
+        detail = outcomes["sac2"].error or f"no error where the oracle raises: {first.error}"
+    else:
+        detail = diffs["sac2"] or ""
     return CaseResult(
-        program.seed, program, status, sac2_cat, stock_cat, plain_cat, detail.splitlines()[0][:300] if detail else ""
+        program.seed,
+        program,
+        status,
+        verdict,
+        classes["stock"],
+        plain_cat,
+        detail.splitlines()[0][:300] if detail else "",
+        sac2_class=classes["sac2"],
+        oracle_error=(first.error or "").splitlines()[0][:300] if first.error else "",
     )
