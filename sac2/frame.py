@@ -148,7 +148,8 @@ class Frame:
 
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
-        "generators", "devices", "autocast", "device_context", "stores", "completed", "ignore_mismatch", "trace",
+        "generators", "input_ids", "devices", "autocast", "device_context", "stores", "completed", "ignore_mismatch",
+        "trace",
     )
 
     def __init__(
@@ -169,9 +170,13 @@ class Frame:
         self.metas: list[Meta] = []
         #: Per position: a witness of the saved tensor's version counter (``_compat.version_witness``, else a weak
         #: reference to the tensor) and its version when saved, for autograd's in-place check (rule 3); None under
-        #: ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed.
-        self.versions: list[tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None]] | None = (
-            None if _compat.mutation_on_saved_tensors_allowed() else []
+        #: ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed, and under the user's
+        #: saved-tensor hooks, which decide what a saved tensor is (``save_on_cpu`` keeps a copy: autograd checks
+        #: no version then, and recompute gives the values the copy held).
+        self.versions: list[tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None] | None] | None = (
+            None
+            if _compat.mutation_on_saved_tensors_allowed() or _compat.user_saved_tensors_hooks() is not None
+            else []
         )
         self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
@@ -184,18 +189,24 @@ class Frame:
         self.device_context = _compat.device_context()
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
         self.inputs: list[object] = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
+        #: Their ids while the forward runs (they are alive then), so the version check leaves them to autograd.
+        self.input_ids = frozenset(id(a) for a in args if isinstance(a, Tensor))
 
     def hooks(self) -> tuple[Callable[[Tensor], _Holder], Callable[[_Holder], Tensor]]:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
         hooks in its graph): only the unpack hook does."""
         holders, metas, versions, check = self.holders, self.metas, self.versions, self.check
         ref, new, version, witness = weakref.ref, _Holder.__new__, _compat.version, _compat.version_witness
+        # The inputs are saved as autograd saves tensors (see __init__): autograd checks their versions itself.
+        inputs = self.input_ids
 
         def pack(x: Tensor) -> _Holder:
             h = new(_Holder)
             h.index = len(holders)
             holders.append(ref(h))
-            if versions is not None:
+            if versions is not None and id(x) in inputs:
+                versions.append(None)
+            elif versions is not None:
                 w = witness(x)  # (a witness has no shape of its own: keep the tensor's for the error message)
                 versions.append((ref(x), version(x), None) if w is None else (w, version(x), x.shape))
             if check:
@@ -206,17 +217,14 @@ class Frame:
 
     def unpack(self, h: _Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
-        if self.versions is not None:
-            saved, packed_version, shape = self.versions[h.index]
-            x = saved if isinstance(saved, Tensor) else saved()
-            if x is not None and _compat.version(x) != packed_version:
-                self._modified(x, shape, packed_version, h.index)
         gid = _compat.graph_task()
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
+            self._check_versions(h)
             t = self.recompute()[h.index]
         else:
             store = self.stores.get(gid)
             if store is None:
+                self._check_versions(h)
                 store = self.stores[gid] = self.recompute()
             i = h.index
             t = store[i]
@@ -227,11 +235,21 @@ class Frame:
             raise InternalError(messages.internal_error(messages.SLOT_UNFILLED))
         return t
 
-    def _modified(self, x: Tensor, shape: torch.Size | None, packed_version: int, position: int) -> None:
-        """autograd's error for a saved tensor written in place after it was saved, with where it was saved."""
-        tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
-        node = _compat.current_node_name()
-        raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, position))
+    def _check_versions(self, h: _Holder) -> None:
+        """Before a recompute: autograd's error if a tensor the forward saved was written in place since (rule 3),
+        naming the node unpacking when it is that tensor's."""
+        if self.versions is None:
+            return
+        version = _compat.version
+        for i, entry in enumerate(self.versions):
+            if entry is None:
+                continue
+            saved, packed_version, shape = entry
+            x = saved if isinstance(saved, Tensor) else saved()
+            if x is not None and version(x) != packed_version:
+                tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
+                node = _compat.current_node_name() if i == h.index else None
+                raise RuntimeError(messages.saved_tensor_modified(tensor, version(x), packed_version, node, i))
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""

@@ -34,7 +34,7 @@ __all__ = [
     "saved_tensor_modified", "internal_error", "not_a_generator", "debug_trace", "SLOT_UNFILLED", "NO_CONTEXTS",
     "NO_STOP_PENDING",
     "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
-    "NO_GRADIENT",
+    "NO_GRADIENT", "NOT_KEPT",
     # wrappers, apply_ac, regions (sac2.wrappers, sac2.apply, sac2.model_regions, sac2.compiled)
     "WRAPPER_REENTRANT_WITH_POLICY", "nested_checkpoint", "already_checkpointed", "CHECKPOINT_MODULE_REENTRANT",
     "apply_ac_bad_mode", "apply_ac_policy_needs_selective", "apply_ac_save_needs_regions", "apply_ac_bad_every",
@@ -150,6 +150,7 @@ def stale_after_region(position: str) -> str:
 
 def saved_output_modified(position: str) -> str:
     return (
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
         f"sac2: the output of {position} that selective checkpointing saved was "
         f"modified in place after the checkpointed forward ended, so serving it would give wrong "
         f"gradients. Don't modify the region's outputs in place, have the policy recompute this op, "
@@ -331,6 +332,7 @@ COMPOSE_EMPTY = "compose holds no policy (its constructor requires one)"
 PROFILER_NOT_RUN = "allocation sizes were read from a profiler that has not run and stopped"
 COPY_BACK_NOT_STARTED = "an offloaded entry was waited for before its copy back started"
 NO_GRADIENT = "a tensor that requires grad has no gradient after its backward"
+NOT_KEPT = "a region's unpack hook met what its pack hook never made"
 
 
 def debug_trace(error: str, forward: Sequence[str], recompute: Sequence[str], saved: Sequence[str]) -> str:

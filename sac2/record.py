@@ -339,10 +339,11 @@ class Record:
                 entry.to_host()
         self.offloaded = [e for e in self.offloaded if isinstance(e.offload, offload.Offloaded)]
         if hooks is not None:
-            for e in self.log:
-                # A region that wrote where sac2 cannot see runs again in recompute: it has nothing to hand over.
-                if type(e) is Saved and e.offload is None and not e.unseen_writes:
-                    e.pack(hooks)
+            with _compat.no_modes(), torch.no_grad():  # the hooks' own ops are not the program's
+                for e in self.log:
+                    # A region that wrote where sac2 cannot see runs again in recompute: nothing to hand over.
+                    if type(e) is Saved and e.offload is None and not e.unseen_writes:
+                        e.pack(hooks)
             self.packed = True
 
     def start_recompute(self) -> None:
@@ -350,9 +351,10 @@ class Record:
         for entry in self.offloaded:
             entry.prefetch()
         if self.packed:
-            for e in self.log:
-                if type(e) is Saved and e.hooks is not None:
-                    e.unpack()
+            with _compat.no_modes(), torch.no_grad():  # the hooks' own ops are not the program's
+                for e in self.log:
+                    if type(e) is Saved and e.hooks is not None:
+                        e.unpack()
 
     def serve(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Serve the entry at position ``i``: restore what it wrote and moved, return its outputs. While the

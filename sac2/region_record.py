@@ -21,6 +21,7 @@ import torch
 
 from sac2 import _compat, messages, writes
 from sac2.answers import SaveList, op_name
+from sac2.invariants import InternalError
 from sac2.keys import PolicyOp, Region
 from sac2.notices import count_forward, warn_once
 from sac2.record import Record, Saved, rng_before, rng_moved
@@ -137,6 +138,31 @@ class _FromInput:
         self.value = value
 
 
+class _Kept:
+    """A body save kept for real, with its version then: autograd checks no version through hooks, so the unpack
+    does (a saved region's tensors are the forward's own, and a later in-place write would reach backward)."""
+
+    __slots__ = ("tensor", "version", "number")
+
+    def __init__(self, tensor: Tensor, number: int) -> None:
+        self.tensor, self.version, self.number = tensor, _compat.version(tensor), number
+
+    def unpack(self) -> Tensor:
+        t = self.tensor
+        if _compat.version(t) != self.version:
+            tensor = f"[{t.type()} {list(t.shape)}]"
+            node = _compat.current_node_name()
+            raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(t), self.version, node,
+                                                              self.number))
+        return t
+
+
+def _unpack_kept(p: object) -> Tensor:
+    if type(p) is not _Kept:
+        raise InternalError(messages.internal_error(messages.NOT_KEPT))
+    return p.unpack()
+
+
 class _Saves:
     """The saved-tensor hooks a saved region's body runs under in forward: a save that is (a view of) an input goes
     to the checkpoint's hooks beneath (a position, not the tensor), anything else is kept for real."""
@@ -153,7 +179,7 @@ class _Saves:
         self.count = n + 1
         spec = rebuilds(x, self.layouts)
         if spec is None:
-            return x
+            return _Kept(x, n)
         self.numbers.append(n)
         self.specs.append(spec)
         return _FromInput(self.beneath_pack(x))
@@ -162,8 +188,7 @@ class _Saves:
         if type(p) is _FromInput:
             t: Tensor = self.beneath_unpack(p.value)
             return t
-        assert isinstance(p, Tensor)
-        return p
+        return _unpack_kept(p)
 
     def rebuilt(self) -> Rebuilt | None:
         return (frozenset(self.numbers), tuple(self.specs)) if self.numbers else None
@@ -181,14 +206,13 @@ class _Rerun:
     def pack(self, x: Tensor) -> object:
         n = self.count
         self.count = n + 1
-        return _FromInput(self.top_pack(x)) if n in self.numbers else x
+        return _FromInput(self.top_pack(x)) if n in self.numbers else _Kept(x, n)
 
     def unpack(self, p: object) -> Tensor:
         if type(p) is _FromInput:
             t: Tensor = self.top_unpack(p.value)
             return t
-        assert isinstance(p, Tensor)
-        return p
+        return _unpack_kept(p)
 
 
 def _run_saved(

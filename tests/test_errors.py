@@ -157,7 +157,7 @@ class TestCachedTensorMutation(TestCase):
         with self.assertRaises(RuntimeError) as cm:
             self._backward_after_caller_mutates_output()
         _assert_no_mode_left()
-        self.assertExpectedInline(str(cm.exception), """sac2: the output of aten.mm.default (call 0 of that op, op 0 of the region) that selective checkpointing saved was modified in place after the checkpointed forward ended, so serving it would give wrong gradients. Don't modify the region's outputs in place, have the policy recompute this op, or pass allow_cache_entry_mutation=True to recompute it in backward.""")  # noqa: E501
+        self.assertExpectedInline(str(cm.exception), """one of the variables needed for gradient computation has been modified by an inplace operation: sac2: the output of aten.mm.default (call 0 of that op, op 0 of the region) that selective checkpointing saved was modified in place after the checkpointed forward ended, so serving it would give wrong gradients. Don't modify the region's outputs in place, have the policy recompute this op, or pass allow_cache_entry_mutation=True to recompute it in backward.""")  # noqa: E501
 
     def test_mutated_after_forward_recomputed_when_allowed(self) -> None:
         x = randn(3, 3, dtype=torch.float64)
