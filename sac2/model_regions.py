@@ -93,7 +93,24 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
     """Make the calls ``save`` names inside each block regions (in place); return the ``Region``s to save."""
     targets = _check_targets(save)
     modules = [t for t in targets if t != ATTENTION]
-    # "block fqn/relative name" -> (relative name, module), or None for transformers' attention interface
+    chosen, hit = _matching_modules(blocks, modules)
+    # A kind ("linear", "experts") may be absent (one config for dense and MoE models); a class or a glob is the
+    # user's own and must match something, and so must the whole list.
+    missed = [modules[i] for i in range(len(modules)) if i not in hit and (modules[i] not in (LINEAR, EXPERTS) or
+                                                                          not hit)]
+    if missed:
+        raise ValueError(messages.pattern_matches_nothing(missed, blocks))
+    if ATTENTION in targets:
+        chosen.update(_attention(model, blocks))
+    _refuse_nesting(chosen)
+    return [region_key(n) for n in sorted(_make_region_modules(chosen))]
+
+
+def _matching_modules(
+    blocks: Sequence[tuple[str, nn.Module]], modules: list[Target]
+) -> tuple[dict[str, tuple[str, nn.Module] | None], set[int]]:
+    """("block fqn.relative name" -> (relative name, module) for each module inside a block that one of
+    ``modules`` matches, the indices of ``modules`` that matched something)."""
     chosen: dict[str, tuple[str, nn.Module] | None] = {}
     hit: set[int] = set()
     for block_name, block in blocks:
@@ -106,15 +123,12 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
             if matched:
                 hit.update(matched)
                 chosen[f"{block_name}.{name}"] = (name, module)
-    # A kind ("linear", "experts") may be absent (one config for dense and MoE models); a class or a glob is the
-    # user's own and must match something, and so must the whole list.
-    missed = [modules[i] for i in range(len(modules)) if i not in hit and (modules[i] not in (LINEAR, EXPERTS) or
-                                                                          not hit)]
-    if missed:
-        raise ValueError(messages.pattern_matches_nothing(missed, blocks))
-    if ATTENTION in targets:
-        chosen.update(_attention(model, blocks))
-    _refuse_nesting(chosen)
+    return chosen, hit
+
+
+def _make_region_modules(chosen: dict[str, tuple[str, nn.Module] | None]) -> set[str]:
+    """Make each chosen module a region (in place; None is transformers' attention interface, a region already);
+    return the region names."""
     names = set()
     for found in chosen.values():
         if found is None:
@@ -126,7 +140,7 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
         if not module_class.is_kind(module, "Region"):  # made a region before: renamed only
             module_class.swap_class(module, "Region")
         names.add(name)
-    return [region_key(n) for n in sorted(names)]
+    return names
 
 
 def _attention(

@@ -129,6 +129,19 @@ def _own_frame(
     return step
 
 
+def _notes(dev: torch.device) -> list[str]:
+    """Notes on what this run cannot compare on this machine."""
+    notes: list[str] = []
+    if dev.type != "cuda":
+        notes.append(
+            "torch's own estimator-based greedy policy (torch.distributed._tools.sac_estimator) is not compared: "
+            "in torch 2.13 its runtime estimates need CUDA"
+        )
+    if not remat_available():
+        notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
+    return notes
+
+
 def run(
     config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 0, compile: bool = False,
     backend: str = COMPILE_BACKEND,
@@ -141,14 +154,7 @@ def run(
     base = Transformer(cfg).to(dev)
     gen = torch.Generator().manual_seed(seed)
     example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, requires_grad=True)
-    notes: list[str] = []
-    if dev.type != "cuda":
-        notes.append(
-            "torch's own estimator-based greedy policy (torch.distributed._tools.sac_estimator) is not compared: "
-            "in torch 2.13 its runtime estimates need CUDA"
-        )
-    if not remat_available():
-        notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
+    notes = _notes(dev)
     modes = rows(base, example)
     models = [_model(base, row) for row in modes]
     backend_ = backend if compile else None
