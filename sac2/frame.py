@@ -217,14 +217,13 @@ class Frame:
 
     def unpack(self, h: _Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
+        self._check_version(h.index, here=True)
         gid = _compat.graph_task()
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
-            self._check_versions(h)
             t = self.recompute()[h.index]
         else:
             store = self.stores.get(gid)
             if store is None:
-                self._check_versions(h)
                 store = self.stores[gid] = self.recompute()
             i = h.index
             t = store[i]
@@ -235,21 +234,18 @@ class Frame:
             raise InternalError(messages.internal_error(messages.SLOT_UNFILLED))
         return t
 
-    def _check_versions(self, h: _Holder) -> None:
-        """Before a recompute: autograd's error if a tensor the forward saved was written in place since (rule 3),
-        naming the node unpacking when it is that tensor's."""
-        if self.versions is None:
+    def _check_version(self, i: int, here: bool) -> None:
+        """autograd's error if the tensor saved at position ``i`` was written in place since (rule 3); ``here``:
+        the node being run is the one unpacking it (named in the error)."""
+        entry = self.versions[i] if self.versions is not None else None
+        if entry is None:
             return
-        version = _compat.version
-        for i, entry in enumerate(self.versions):
-            if entry is None:
-                continue
-            saved, packed_version, shape = entry
-            x = saved if isinstance(saved, Tensor) else saved()
-            if x is not None and version(x) != packed_version:
-                tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
-                node = _compat.current_node_name() if i == h.index else None
-                raise RuntimeError(messages.saved_tensor_modified(tensor, version(x), packed_version, node, i))
+        saved, packed_version, shape = entry
+        x = saved if isinstance(saved, Tensor) else saved()
+        if x is not None and _compat.version(x) != packed_version:
+            tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
+            node = _compat.current_node_name() if here else None
+            raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, i))
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
@@ -275,6 +271,10 @@ class Frame:
             try:
                 self._check(count[0], store)
             except CheckpointError as error:
+                # A saved tensor written in place (resize_) explains the mismatch: autograd's error says so.
+                for i, holder in enumerate(self.holders):
+                    if holder() is not None:
+                        self._check_version(i, here=False)
                 self._explain(error)
                 raise
         return store
