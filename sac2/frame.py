@@ -148,8 +148,8 @@ class Frame:
 
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
-        "generators", "input_ids", "devices", "autocast", "device_context", "stores", "completed", "ignore_mismatch",
-        "trace",
+        "generators", "input_ids", "input_strides", "devices", "autocast", "device_context", "stores",
+        "completed", "ignore_mismatch", "trace",
     )
 
     def __init__(
@@ -191,6 +191,9 @@ class Frame:
         self.inputs: list[object] = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
         #: Their ids while the forward runs (they are alive then), so the version check leaves them to autograd.
         self.input_ids = frozenset(id(a) for a in args if isinstance(a, Tensor))
+        #: Their strides: a user's hook may hand an input back with others (``save_on_cpu`` makes it contiguous),
+        #: and ops whose result depends on strides (``empty_like`` then ``uniform_``) must see the forward's.
+        self.input_strides = [_compat.plain_strides(a) for a in args]
 
     def hooks(self) -> tuple[Callable[[Tensor], _Holder], Callable[[_Holder], Tensor]]:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
@@ -251,7 +254,10 @@ class Frame:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
         store: Store = [None] * len(self.holders)
         pack, count = self._recompute_hook(store)
-        inputs = [_compat.unpack_saved_tensor(a) for a in self.inputs]
+        inputs = [
+            _compat.restrided(_compat.unpack_saved_tensor(a), stride)
+            for a, stride in zip(self.inputs, self.input_strides, strict=True)
+        ]
         contexts = self._recompute_contexts()
         rng = _compat.set_rng_states(self.rng) if self.rng is not None else None
         generators = [(g, _replace_state(g, state)) for g, state in self.generators]

@@ -252,3 +252,19 @@ def test_no_engine_check_is_a_bare_assert_that_python_O_would_drop():
         if isinstance(node, ast.Assert)
     ]
     assert bare == []
+
+
+def test_an_input_a_hook_restrided_comes_back_with_its_forward_strides_for_ops_that_read_them():
+    # empty_like keeps its argument's strides and uniform_ fills memory in order: on a restrided input the same
+    # draws would land at other positions.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.empty_like(x).uniform_(-1.0, 1.0)
+
+    x = torch.randn(4, 6, requires_grad=True)
+    torch.manual_seed(0)
+    (want,) = torch.autograd.grad(f(x).sum(), [x])
+    torch.manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(_column_major, lambda t: t):
+        out = sac2.checkpoint(f, x)
+    (got,) = torch.autograd.grad(out.sum(), [x])
+    assert torch.equal(got, want)

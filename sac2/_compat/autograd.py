@@ -22,6 +22,7 @@ __all__ = [
     "set_rng_states", "device_initialized_since", "device_context", "fresh_device_context", "make_saved_tensor",
     "unpack_saved_tensor", "graph_exec_group", "graph_task", "push_checkpoint_hooks", "pop_checkpoint_hooks",
     "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed", "version_witness",
+    "plain_strides", "restrided",
     "checkpoint_forward_hooks", "top_saved_tensors_hooks",
     "HookPair", "Devices", "AutocastState", "RngStates", "SavedTensor",
 ]
@@ -348,6 +349,27 @@ def version_witness(t: torch.Tensor) -> torch.Tensor | None:
     except RuntimeError:  # a tensor type set_data refuses to mix with a plain one (quantized, mkldnn, ...)
         return None
     return w
+
+
+def plain_strides(x: object) -> tuple[int, ...] | None:
+    """A plain strided tensor's strides (what ``restrided`` restores), else None."""
+    if type(x) is not torch.Tensor or x.layout is not torch.strided or x.is_nested:
+        return None
+    return tuple(x.stride())
+
+
+def restrided(x: object, stride: tuple[int, ...] | None) -> object:
+    """``x`` with ``stride`` again if a saved-tensor hook changed its strides: a copy, outside every mode and
+    autograd (recompute's graph does not reach the inputs), requiring grad as ``x`` does.
+
+    Removable: never: saved-tensor hooks may return any layout.
+    """
+    if stride is None or type(x) is not torch.Tensor or tuple(x.stride()) == stride or any(s < 0 for s in stride):
+        return x
+    with _DisableTorchDispatch(), torch.no_grad():
+        y = torch.empty_strided(x.shape, stride, dtype=x.dtype, device=x.device)
+        y.copy_(x)
+    return y.requires_grad_(x.requires_grad)
 
 
 def mutation_on_saved_tensors_allowed() -> bool:
