@@ -435,7 +435,9 @@ def _kept(cell: Cell) -> bool:
 def _key(cell: Cell) -> tuple[str, ...]:
     """What a setup is shared by. A compiled backward that keeps its graph runs without donated buffers
     (``matrix``'s no_donated_buffers rule), which is decided when it compiles: those cells share their own setup."""
-    return (cell.route, cell.execution, cell.policy, "kept" if _kept(cell) else "plain")
+    # A tool around the step gets its own setup: the module trackers of FlopCounterMode and MemTracker leave
+    # gradient hooks on tensors of the model they watched a recompute of (torch's), which later cells would meet.
+    return (cell.route, cell.execution, cell.policy, "kept" if _kept(cell) else "plain", cell.around)
 
 
 def _build(cell: Cell) -> Setup:
