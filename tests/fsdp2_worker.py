@@ -7,7 +7,6 @@ ran.
 
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -16,6 +15,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils._python_dispatch import TorchDispatchMode
+from worker_exit import shut_down
 
 import sac2
 
@@ -96,19 +96,6 @@ def main() -> None:
     if rank == 0:
         print(json.dumps(result), flush=True)
     shut_down()
-
-
-def shut_down() -> None:
-    """End this rank without a crash at exit: wait until both ranks are done with every collective (neither tears
-    down gloo under a peer still using it, and rank 0's TCPStore outlives rank 1's last use of it), destroy the
-    process groups, then leave with os._exit once the output is flushed. A plain interpreter exit destroys gloo's
-    and the store's C++ threads in static destructors, which on a loaded machine can still be running and abort the
-    process ("terminate called without an active exception", exit -6) after the rank's work succeeded."""
-    dist.barrier()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
