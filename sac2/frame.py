@@ -17,6 +17,10 @@ The rules it keeps (each proven by the test named; torch's NOTE [Nestable Checkp
    ``test_never_silently_wrong``: explicit generators), and leaves every generator where it stood.
 3. A tensor unpacked twice in one backward is torch's ``CheckpointError``; a tensor written in place after it was
    saved is autograd's own error, at unpack, as without checkpointing (``test_never_silently_wrong``).
+   3a. Under the user's saved-tensor hooks autograd checks no version: backward reads what the hooks kept. Where
+   they keep the tensor itself (``save_on_cpu`` on a CPU tensor, probed per device), a write later in the forward
+   is replayed (recompute runs to the end) and a write after the forward ended is sac2's error; where they copy,
+   recompute keeps a copy of the value at the save (``test_against_no_checkpointing``: under the user's hooks).
 4. Early stop: recompute ends when the last saved tensor is back; sac2's replay mode lets an op that writes into
    that tensor finish first (``test_frame``: early stop on/off/global).
 5. The determinism check compares the count, shapes, dtypes and devices of what recompute saved with the forward's
@@ -149,7 +153,7 @@ class Frame:
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
         "generators", "input_ids", "input_strides", "devices", "autocast", "device_context", "stores",
-        "completed", "ignore_mismatch", "trace",
+        "completed", "ignore_mismatch", "trace", "user_hooks", "end_versions", "hooks_keep",
     )
 
     def __init__(
@@ -170,14 +174,18 @@ class Frame:
         self.metas: list[Meta] = []
         #: Per position: a witness of the saved tensor's version counter (``_compat.version_witness``, else a weak
         #: reference to the tensor) and its version when saved, for autograd's in-place check (rule 3); None under
-        #: ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed, and under the user's
-        #: saved-tensor hooks, which decide what a saved tensor is (``save_on_cpu`` keeps a copy: autograd checks
-        #: no version then, and recompute gives the values the copy held).
+        #: ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed.
         self.versions: list[tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None] | None] | None = (
-            None
-            if _compat.mutation_on_saved_tensors_allowed() or _compat.user_saved_tensors_hooks() is not None
-            else []
+            None if _compat.mutation_on_saved_tensors_allowed() else []
         )
+        #: The user's saved-tensor hooks in scope, which decide what a tensor written after it was saved gives
+        #: backward without checkpointing (rule 3a): the written values where they keep the tensor itself
+        #: (``save_on_cpu`` on a CPU tensor), the saved ones where they copy.
+        self.user_hooks = _compat.user_saved_tensors_hooks()
+        #: Under those hooks: each position's version when the forward ended; whether the hooks keep references,
+        #: by device.
+        self.end_versions: list[int | None] | None = None
+        self.hooks_keep: dict[torch.device, bool] = {}
         self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
         self.ignore_mismatch = False
@@ -245,15 +253,55 @@ class Frame:
             return
         saved, packed_version, shape = entry
         x = saved if isinstance(saved, Tensor) else saved()
-        if x is not None and _compat.version(x) != packed_version:
-            tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
+        if x is None or _compat.version(x) == packed_version:
+            return
+        tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
+        if self.user_hooks is None:
             node = _compat.current_node_name() if here else None
             raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, i))
+        ended = self.end_versions[i] if self.end_versions is not None else packed_version
+        if _compat.version(x) != ended and self._hooks_keep(x.device):  # rule 3a: recompute cannot write it again
+            raise RuntimeError(messages.saved_tensor_written_after_forward(tensor, i))
+
+    def end_forward(self) -> None:
+        """The forward is done: under the user's hooks, note which saved tensors it wrote into after saving them."""
+        self.completed = True
+        if self.user_hooks is None or self.versions is None:
+            return
+        version = _compat.version
+        self.end_versions = []
+        for entry in self.versions:
+            x = None if entry is None else entry[0] if isinstance(entry[0], Tensor) else entry[0]()
+            self.end_versions.append(None if x is None else version(x))
+
+    def _written_in_forward(self) -> list[int]:
+        """Positions whose tensor the forward wrote into after saving it (known under the user's hooks only)."""
+        if self.end_versions is None or self.versions is None:
+            return []
+        return [
+            i for i, (entry, ended) in enumerate(zip(self.versions, self.end_versions, strict=True))
+            if entry is not None and ended is not None and ended != entry[1]
+        ]  # fmt: skip
+
+    def _hooks_keep(self, device: torch.device) -> bool:
+        """Whether the user's hooks hand back the tensor they were given (not a copy), probed once per device with
+        a one-element tensor."""
+        keep = self.hooks_keep.get(device)
+        if keep is None and self.user_hooks is not None:
+            pack, unpack = self.user_hooks
+            with _compat.no_modes(), torch.no_grad():
+                probe = torch.zeros(1, device=device)
+                back: object = unpack(pack(probe))
+            keep = self.hooks_keep[device] = (
+                isinstance(back, Tensor) and _compat.storage_id(back) == _compat.storage_id(probe)
+            )
+        return bool(keep)
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
         store: Store = [None] * len(self.holders)
-        pack, count = self._recompute_hook(store)
+        early_stop, copy_at, replayed = self._replaying_writes()
+        pack, count = self._recompute_hook(store, early_stop, copy_at)
         inputs = [
             _compat.restrided(_compat.unpack_saved_tensor(a), stride)
             for a, stride in zip(self.inputs, self.input_strides, strict=True)
@@ -275,7 +323,7 @@ class Frame:
             _restore(grad_was, rng, generators)
         if not self.ignore_mismatch:
             try:
-                self._check(count[0], store)
+                self._check(count[0], store, replayed)
             except CheckpointError as error:
                 # A saved tensor written in place (resize_) explains the mismatch: autograd's error says so.
                 for i, holder in enumerate(self.holders):
@@ -285,10 +333,32 @@ class Frame:
                 raise
         return store
 
-    def _recompute_hook(self, store: Store) -> tuple[Callable[[Tensor], Tensor], list[int]]:
-        """The recompute's pack hook, which fills ``store`` by position, and the count of tensors it has seen."""
+    def _replaying_writes(self) -> tuple[bool, frozenset[int], frozenset[int]]:
+        """Rule 3a, for a tensor the forward wrote into after saving it under the user's hooks: where the hooks keep
+        the tensor itself, recompute runs to the end (no early stop) so the same writes reach the recomputed one;
+        where they copy, recompute keeps a copy at that position. Returns (early stop, positions to copy,
+        positions where recompute replays the write)."""
+        written = self._written_in_forward()
+        if not written or self.versions is None:
+            return self.early_stop, frozenset(), frozenset()
+        copy, replayed, early_stop = set(), set(), self.early_stop
+        for i in written:
+            entry = self.versions[i]
+            x = None if entry is None else entry[0] if isinstance(entry[0], Tensor) else entry[0]()
+            if x is not None and self._hooks_keep(x.device):
+                early_stop = False
+                replayed.add(i)
+            else:
+                copy.add(i)
+        return early_stop, frozenset(copy), frozenset(replayed)
+
+    def _recompute_hook(
+        self, store: Store, early_stop: bool, copy_at: frozenset[int]
+    ) -> tuple[Callable[[Tensor], Tensor], list[int]]:
+        """The recompute's pack hook, which fills ``store`` by position (a copy at ``copy_at``), and the count of
+        tensors it has seen."""
         holders, count = self.holders, [0]
-        n, early_stop = len(holders), self.early_stop
+        n = len(holders)
         finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
         # sac2's modes ignore detach (the recompute hook's own): skip their Python dispatch for plain tensors
         detach = _compat.detach_below_sac2 if finish_op is not None else _detach
@@ -299,18 +369,18 @@ class Frame:
             if x.requires_grad:
                 x = detach(x)
             if i >= n:
-                return self._extra(x)
+                return self._extra(x, early_stop)
             if holders[i]() is not None:
-                store[i] = x
+                store[i] = _copy(x) if i in copy_at else x
             if early_stop and i + 1 == n and (finish_op is None or not finish_op(_Stop)):
                 raise _Stop  # the last saved tensor is back; an op that writes into it finishes first
             return x
 
         return pack, count
 
-    def _extra(self, x: Tensor) -> Tensor:
+    def _extra(self, x: Tensor, early_stop: bool) -> Tensor:
         """Recompute saved more tensors than forward did."""
-        if self.early_stop:  # the op that saved the last tensor finished (see finish_op): stop
+        if early_stop:  # the op that saved the last tensor finished (see finish_op): stop
             raise _Stop
         if not self.completed:  # a backward inside the forward, without early stop
             self.ignore_mismatch = True
@@ -334,8 +404,9 @@ class Frame:
         if self.trace is not None and type(error) in (RuntimeError, CheckpointError):
             raise type(error)(self.trace.explain(str(error))) from error
 
-    def _check(self, count: int, store: Store) -> None:
-        """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device."""
+    def _check(self, count: int, store: Store, replayed: frozenset[int]) -> None:
+        """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device
+        (but where recompute replays a write made after the save, rule 3a: a ``resize_`` changes its shape)."""
         n = len(self.holders)
         if count != n:
             raise CheckpointError(messages.saved_count_differs(n, count, _compat.DEBUG_TIP))
@@ -344,7 +415,8 @@ class Frame:
         bad = [
             (i, _meta(meta), _meta((t.shape, t.dtype, t.device)))
             for i, (meta, t) in enumerate(zip(self.metas, store, strict=True))
-            if isinstance(t, Tensor) and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device)
+            if isinstance(t, Tensor) and i not in replayed
+            and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device)
         ]
         if bad:
             raise CheckpointError(messages.metadata_differs(bad, _compat.DEBUG_TIP))
@@ -574,7 +646,12 @@ def _exit(
         _compat.pop_checkpoint_hooks(pack)
 
 
+def _copy(x: Tensor) -> Tensor:
+    with _compat.no_modes(), torch.no_grad():  # not an op of the user's program
+        return x.clone()
+
+
 def _completed(frame: Frame) -> None:
-    frame.completed = True
+    frame.end_forward()
     if frame.rng is not None and _compat.device_initialized_since(frame.devices, frame.rng):
         raise RuntimeError(messages.DEVICE_INITIALIZED_IN_FORWARD)

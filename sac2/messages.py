@@ -316,6 +316,17 @@ def saved_tensor_modified(tensor: str, version: int, saved: int, node: str | Non
     )
 
 
+def saved_tensor_written_after_forward(tensor: str, position: int) -> str:
+    """A saved tensor written after the checkpointed forward ended, under saved-tensor hooks that keep it by
+    reference: backward without checkpointing would read the written values, which no recompute can make."""
+    return (
+        f"sac2: a tensor {tensor} saved for backward inside a checkpointed function (saved tensor {position} of its "
+        "forward) was modified in place after the checkpointed forward ended. Your saved-tensor hooks keep saved "
+        "tensors themselves (as save_on_cpu does for CPU tensors), so without checkpointing backward would read the "
+        "written values, and no recompute can make them. Write into a copy (t = t.clone()) or after the backward."
+    )
+
+
 def internal_error(what: str) -> str:
     """A broken invariant of sac2's own engine (never the user's doing)."""
     return f"sac2 internal error: {what}. This is a bug in sac2; please report it with the code that triggers it."

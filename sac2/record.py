@@ -169,12 +169,14 @@ class Saved:
             raise InternalError(messages.internal_error(messages.NEVER_PACKED))
         unpack_hook = self.hooks[1]
 
+        # Detached: what a hook hands back may be a view made in no-grad mode (a restrided copy), which autograd
+        # forbids writing into in place once served as an op's output.
         def one(x: object) -> object:
-            return unpack_hook(x.value) if type(x) is _Packed else x
+            return _detach(unpack_hook(x.value)) if type(x) is _Packed else x
 
         out, written = self.packed
         self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
-        self.writes = tuple([(p, unpack_hook(t.value)) for p, t in written])
+        self.writes = tuple([(p, _detach(unpack_hook(t.value))) for p, t in written])
 
     def prefetch(self) -> None:
         """Start copying an offloaded entry back to its device."""

@@ -241,6 +241,98 @@ def test_a_hook_that_changes_an_inputs_strides_does_not_break_recompute(repack):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+# ---- saved tensors written in place under the user's hooks (frame rule 3a) ----
+
+
+def _written_after_saving(x: torch.Tensor) -> torch.Tensor:
+    n = x * 2.0
+    y = (n * x).sin()  # mul saves n for x's gradient; the last tensor saved is sin's input
+    n.clamp_(-0.5, 0.5)  # without hooks autograd raises; under them, backward reads what the hook kept
+    return y
+
+
+def _clone(t: torch.Tensor) -> torch.Tensor:
+    return t.clone()
+
+
+_KEEPING = {"save_on_cpu (keeps CPU tensors themselves)": torch.autograd.graph.save_on_cpu,
+            "hooks that copy": lambda: torch.autograd.graph.saved_tensors_hooks(_clone, lambda t: t)}
+_SAC_ROUTES = {"full AC": None, "SAC saving nothing": [], "SAC saving mul": [torch.ops.aten.mul.Tensor]}
+
+
+@pytest.mark.parametrize("early_stop", [True, False], ids=["early stop", "no early stop"])
+@pytest.mark.parametrize("route", list(_SAC_ROUTES))
+@pytest.mark.parametrize("hooks", list(_KEEPING))
+def test_a_saved_tensor_written_later_in_the_forward_under_hooks_gives_what_the_hooks_kept(hooks, route, early_stop):
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    with _KEEPING[hooks]():
+        (want,) = torch.autograd.grad(_written_after_saving(x).sum(), [x])
+        save = _SAC_ROUTES[route]
+        options: dict[str, Any] = {} if save is None else {"context_fn": contexts(save)}
+        with tuc.set_checkpoint_early_stop(early_stop), pytest.warns() if save else _no_warning():
+            out = sac2.checkpoint(_written_after_saving, x, **options)
+    (got,) = torch.autograd.grad(out.sum(), [x])
+    assert torch.equal(got, want)
+
+
+def test_a_saved_tensor_resized_later_in_the_forward_under_save_on_cpu_fails_as_without_checkpointing():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        n = x.detach() * 2.0
+        y = x * n  # saves n
+        n.resize_(2, 8)
+        return y
+
+    x = torch.randn(4, 4, requires_grad=True)
+    with torch.autograd.graph.save_on_cpu():
+        with pytest.raises(RuntimeError, match="must match the size") as want:
+            f(x).sum().backward()
+        out = sac2.checkpoint(f, x)
+    with pytest.raises(RuntimeError, match="must match the size") as got:
+        out.sum().backward()
+    assert str(got.value) == str(want.value)
+
+
+def test_a_saved_tensor_written_after_the_forward_under_hooks_keeping_it_raises():
+    # Without checkpointing backward would read the written values, which no recompute can make.
+    x = torch.randn(6, requires_grad=True)
+    with torch.autograd.graph.save_on_cpu():
+        out = sac2.checkpoint(torch.tanh, x * 1)  # tanh saves its output
+    with torch.no_grad():
+        out.mul_(2)
+    with pytest.raises(RuntimeError, match=r"sac2: a tensor .* was modified in place after the checkpointed "
+                                           r"forward ended\. Your saved-tensor hooks keep saved tensors themselves"):
+        out.sum().backward()
+
+
+def test_a_saved_tensor_written_after_the_forward_under_hooks_that_copy_gives_the_copy():
+    x = torch.randn(6, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(_clone, lambda t: t):
+        want = torch.tanh(x * 1)
+        out = sac2.checkpoint(torch.tanh, x * 1)
+    with torch.no_grad():
+        want.mul_(2)
+        out.mul_(2)
+    (w,) = torch.autograd.grad(want.sum(), [x])
+    (g,) = torch.autograd.grad(out.sum(), [x])
+    assert torch.equal(g, w)
+
+
+def test_a_saved_op_output_a_hook_handed_back_as_a_view_takes_in_place_view_ops_in_recompute():
+    # The hook's copy is a view made in no-grad mode; autograd forbids in-place ops on such a view in grad mode.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        v = x * 1.5
+        v.t_()
+        return v.sin()
+
+    x = torch.randn(4, 4, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(_column_major, lambda t: t):
+        (want,) = torch.autograd.grad(f(x).sum(), [x])
+        out = sac2.checkpoint(f, x, context_fn=contexts([torch.ops.aten.mul.Tensor]),
+                              respect_saved_tensors_hooks=True)
+    (got,) = torch.autograd.grad(out.sum(), [x])
+    assert torch.equal(got, want)
+
+
 # ---- engine checks ----
 
 

@@ -231,7 +231,7 @@ def run_variant(program: Program, variant: str) -> Outcome:
             inputs = program.make_inputs()
             torch.manual_seed(program.seed)
             hooks = hooks_context(program.hooks) if program.hooks else contextlib.nullcontext()
-            with torch.set_grad_enabled(program.backward != "no_grad"), hooks:
+            with torch.set_grad_enabled(program.backward != "no_grad"), hooks, _generators(variant, program, scope):
                 raw = ckpt(fn, *inputs)
             result.outputs = _flat(raw)
             if "epilogue" in scope:  # writes after the forward ended, before backward
@@ -249,6 +249,16 @@ def run_variant(program: Program, variant: str) -> Outcome:
     if result.leaked:
         _reset_modes()
     return result
+
+
+def _generators(variant: str, program: Program, scope: dict[str, Any]) -> Any:
+    """What docs/concepts.md tells a user whose random ops draw from their own generator where no mode sees them
+    (the ops between one-line regions): ``sac2.preserve_generators(g)`` around the forward."""
+    spec = program.policy
+    regions_only = spec.kind == "list" and bool(spec.ops) and all(n.startswith("region ") for n in spec.ops)
+    if variant == "sac2" and regions_only and "gen" in scope:
+        return sac2.preserve_generators(scope["gen"])
+    return contextlib.nullcontext()
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -349,7 +359,8 @@ def summary_class(oracle: Outcome, got: Outcome, d: str | None) -> str:
 
 def _verdict(oracle: Outcome, got: Outcome, d: str | None, program: Program) -> str:
     """sac2's verdict: ``exact``, ``same_error`` (fails as the un-checkpointed program does, in its words),
-    ``documented_error`` (an error docs/concepts.md documents, earned) pass; ``wrong``, ``leaked``,
+    ``documented_error`` (an error docs/concepts.md documents, earned, also where the un-checkpointed program
+    fails for another reason first) pass; ``wrong``, ``leaked``,
     ``accepts_rejected`` (no error where the un-checkpointed program raises), ``other_error`` (an error without
     the un-checkpointed program's words where it raises), ``false_divergence``, ``unclear_error`` (does not name
     the op) and ``needless_error`` (any other error where the un-checkpointed program succeeds) fail."""
@@ -358,7 +369,9 @@ def _verdict(oracle: Outcome, got: Outcome, d: str | None, program: Program) -> 
     if oracle.error:
         if not got.error:
             return "accepts_rejected"
-        return "same_error" if oracle_words(oracle.error) in got.error else "other_error"
+        if oracle_words(oracle.error) in got.error:
+            return "same_error"
+        return "documented_error" if _documented(got.error, program) else "other_error"
     if d is None:
         return "exact"
     if not got.error:
