@@ -168,6 +168,10 @@ class CachingMode(SacMode):
                 record.wrote([t for t, v in before if _version(t) != v])
                 record.wrote(writes.unversioned_writes(func, args, kwargs))
         log = self._log
+        if rng is not None and kwargs.get("generator") is not None:
+            # Recompute draws again from the user's generator from this state (a saved op too: it is recomputed
+            # when a later write makes it stale).
+            record.draws[len(log)] = rng
         save, offload = self._answer(func, op, args, kwargs, out)
         if save:
             entry = self._save(key, func, op, args, kwargs, out, before)
@@ -175,8 +179,6 @@ class CachingMode(SacMode):
                 entry.rng = rng_moved(rng)
                 record.add(entry, offload)
                 return out
-        if rng is not None and kwargs.get("generator") is not None:
-            record.draws[len(log)] = rng  # recompute draws again from the user's generator: from this state
         log.append(key)
         return out
 

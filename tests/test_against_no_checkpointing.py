@@ -132,6 +132,33 @@ def test_a_random_op_drawing_from_the_users_generator_draws_the_same_numbers_in_
     assert torch.equal(got[1], want[1]), "the generator is left where no checkpointing leaves it"
 
 
+@pytest.mark.filterwarnings("ignore:sac2. the policy saves")
+def test_a_nested_checkpoint_saving_a_draw_from_the_users_generator_leaves_it_where_no_checkpointing_does():
+    # The inner checkpoint's draw, saved by the outer one too, is recomputed in the outer recompute (the inner
+    # forward writes into what the outer saved): it draws from the state it drew from in forward.
+    saving_all = [torch.ops.aten.empty_like.default, torch.ops.aten.normal_.default, torch.ops.aten.add.Tensor]
+
+    def run(nested: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(1)
+        x = torch.ones(4, 4, requires_grad=True)
+
+        def inner(a: torch.Tensor) -> torch.Tensor:
+            return (a + torch.empty_like(a).normal_(generator=g)).sin()
+
+        def outer(a: torch.Tensor) -> torch.Tensor:
+            b = a * 2
+            c = sac2.checkpoint(inner, b, context_fn=contexts(saving_all)) if nested else inner(b)
+            return c @ c
+
+        y = sac2.checkpoint(outer, x, context_fn=contexts(saving_all)) if nested else outer(x)
+        (grad,) = torch.autograd.grad(y.sum(), [x])
+        return grad, g.get_state()
+
+    got, want = run(True), run(False)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(got[1], want[1]), "the generator is left where no checkpointing leaves it"
+
+
 def test_full_ac_replays_the_generators_preserve_generators_names():
     def run(f: Callable[..., Any], x: torch.Tensor) -> torch.Tensor:
         g = inspect.getclosurevars(f).nonlocals["g"]
