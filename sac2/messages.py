@@ -327,6 +327,11 @@ def saved_tensor_written_after_forward(tensor: str, position: int) -> str:
     )
 
 
+def unpack_hook_returned(kind: str) -> str:
+    """autograd's words for an unpack hook that returns something else than a tensor."""
+    return f"Output of saved tensor unpack_hook expected to be a Tensor but got result of type {kind}"
+
+
 def internal_error(what: str) -> str:
     """A broken invariant of sac2's own engine (never the user's doing)."""
     return f"sac2 internal error: {what}. This is a bug in sac2; please report it with the code that triggers it."

@@ -15,7 +15,7 @@ alias (an in-place view op, replayed) is not such a write.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, final
+from typing import Any, Callable, Iterable, final
 
 import torch
 
@@ -50,12 +50,20 @@ class _ArgRef:
 
 
 class _Packed:
-    """What a user's pack hook returned for one tensor (any object: kept opaque for tree_map)."""
+    """What a user's pack hook returned for one tensor (any object: kept opaque for tree_map), and the tensor's
+    strides: served with others (a hook's restrided copy), ``matmul`` would fold another way in recompute."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "stride")
 
-    def __init__(self, value: object) -> None:
+    def __init__(self, value: object, tensor: Tensor) -> None:
         self.value = value
+        self.stride = _compat.plain_strides(tensor)
+
+    def unpack(self, unpack_hook: Callable[[Any], Any]) -> Tensor:
+        t = _compat.restrided(unpack_hook(self.value), self.stride)
+        if not isinstance(t, Tensor):
+            raise TypeError(messages.unpack_hook_returned(type(t).__name__))
+        return _detach(t)
 
 
 @final  # so that ``type(e) is Saved`` tells a record entry from a key both ways
@@ -155,10 +163,10 @@ class Saved:
         pack_hook = hooks[0]
 
         def one(x: object) -> object:
-            return _Packed(pack_hook(x)) if isinstance(x, Tensor) else x
+            return _Packed(pack_hook(x), x) if isinstance(x, Tensor) else x
 
         self.hooks = hooks
-        self.packed = (tree_map(one, self.out), [(p, _Packed(pack_hook(t))) for p, t in self.writes])
+        self.packed = (tree_map(one, self.out), [(p, _Packed(pack_hook(t), t)) for p, t in self.writes])
         self.out, self.writes = None, ()
         self.tensors, self.versions = (), ()  # what the hooks hold is theirs: sac2 no longer watches it
 
@@ -172,11 +180,11 @@ class Saved:
         # Detached: what a hook hands back may be a view made in no-grad mode (a restrided copy), which autograd
         # forbids writing into in place once served as an op's output.
         def one(x: object) -> object:
-            return _detach(unpack_hook(x.value)) if type(x) is _Packed else x
+            return x.unpack(unpack_hook) if type(x) is _Packed else x
 
         out, written = self.packed
         self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
-        self.writes = tuple([(p, _detach(unpack_hook(t.value))) for p, t in written])
+        self.writes = tuple([(p, t.unpack(unpack_hook)) for p, t in written])
 
     def prefetch(self) -> None:
         """Start copying an offloaded entry back to its device."""

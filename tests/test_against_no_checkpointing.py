@@ -360,6 +360,27 @@ def test_a_saved_op_output_a_hook_handed_back_as_a_view_takes_in_place_view_ops_
     assert torch.equal(got, want)
 
 
+def test_a_saved_op_output_a_hook_restrided_is_served_with_its_forward_strides():
+    # Served column-major, sin's output would make linear's matmul run bmm where forward ran mm.
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        linear = torch.nn.functional.linear
+        return linear(linear(torch.sin(x), w), w)
+
+    x = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 4, dtype=torch.float64)
+    with torch.autograd.graph.saved_tensors_hooks(_column_major_3d, lambda t: t):
+        want = torch.autograd.grad(f(x, w).sum(), [x])
+        out = sac2.checkpoint(f, x, w, context_fn=contexts(lambda ctx, op, *args, **kwargs: True),
+                              respect_saved_tensors_hooks=True)
+    got = torch.autograd.grad(out.sum(), [x])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)  # mm's backward reads the hook's layout
+
+
+def _column_major_3d(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(0, -1).contiguous().transpose(0, -1)
+
+
 # ---- engine checks ----
 
 
