@@ -58,7 +58,8 @@ def create_selective_checkpoint_contexts(
         allow_cache_entry_mutation: True recomputes in backward a saved output that was modified in place after
             the checkpointed forward, instead of raising. The default False raises autograd's "modified by an
             inplace operation" error in backward. Modifications inside the forward are always handled by
-            recomputing.
+            recomputing. A list of only regions ignores it: in eager, a write into what a saved region kept
+            raises autograd's error in backward.
 
     Returns:
         The (forward context, recompute context) pair a ``context_fn`` returns: sac2's ``CachingMode`` and

@@ -293,8 +293,9 @@ def install() -> Installation:
     ``checkpoint``.
 
     Returns:
-        The ``Installation`` handle: ``verify()`` checks that every binding points at sac2 (raising
-        ``RuntimeError`` naming those that do not), ``uninstall()`` or leaving its ``with`` block undoes it.
+        The ``Installation`` handle: ``verify()`` checks that it is still in effect and that every binding
+        points at sac2 (raising ``RuntimeError`` otherwise, naming the bindings that do not), ``uninstall()`` or
+        leaving its ``with`` block undoes it.
     """
     handle = Installation()
     handle._install()
