@@ -57,10 +57,22 @@ class Candidate:
 
 @dataclass
 class Advice:
-    """What ``sac2.advise`` measured: a row per setup that ran (``rows``, no checkpointing first; ``Result.policy``
-    holds the setup's line of code), the setups skipped with the reason, the Pareto front (names of the
-    recommendable rows that no other is both faster than and keeps less than), the memory target in bytes, and the
-    recommended row's name (None when no setup fits the target)."""
+    """What ``sac2.advise`` measured, and the setup it recommends.
+
+    ``str(advice)`` is the report ``python -m sac2 advise`` prints; ``table()``, ``to_json()`` and ``plot()`` give
+    the same figures in other forms. Built by ``sac2.advise``, not by hand.
+
+    Args:
+        rows: a row per setup that ran, no checkpointing first (``Result.policy`` holds the setup's line of code).
+        skipped: setup name -> why it was skipped.
+        front: the Pareto front: names of the recommendable rows that no other is both faster than and keeps
+            less than.
+        target_bytes: the memory target in bytes.
+        recommended: the recommended row's name; None when no setup fits the target.
+        references: names of rows shown for comparison only, never recommended (stock SAC).
+        device: where the setups ran.
+        steps: timed steps per setup.
+    """
 
     rows: list[Result]
     skipped: dict[str, str]
@@ -307,15 +319,33 @@ def advise(
 ) -> Advice:
     """Measure every candidate setup on ``model`` and recommend the fastest whose kept bytes fit ``memory_target``.
 
-    - ``example_inputs``: what ``model`` is called with (a tuple/list: positional, a dict: keyword, a tensor alone).
-    - ``loss_fn(output)``: the scalar loss; default ``output.loss`` if present, else the sum of the first tensor.
-    - ``memory_target``: bytes (an int), or a fraction in (0, 1] of what no checkpointing keeps (default 0.5).
-    - ``steps``: timed steps per setup after the untimed step that measures memory; ``device``: where to run
-      (default the model's); ``candidates``: names of built-in setups (``candidates_for``) or ``Candidate``s.
-    - ``progress``: a progress bar on stderr when it is a terminal.
-
     ``model`` itself is left untouched: each setup trains a deep copy, with no optimizer step, on the same inputs.
-    A setup that does not apply (e.g. a regions choice matching nothing: ``ValueError``) is skipped with the reason.
+    One untimed step measures the memory each setup keeps for backward, then ``steps`` timed steps run the setups
+    interleaved. Only setups whose gradients equal no checkpointing's bitwise are recommended. A setup that does
+    not apply (e.g. a regions choice matching nothing: ``ValueError``) is skipped with the reason.
+
+    Args:
+        model: the model to measure (not changed).
+        example_inputs: what ``model`` is called with (a tuple/list: positional, a dict: keyword, a tensor alone).
+        loss_fn: ``loss_fn(output)`` gives the scalar loss; default (None) ``output.loss`` if present, else the
+            sum of the output's first tensor.
+        memory_target: bytes (an int), or a fraction in (0, 1] of what no checkpointing keeps; default (None)
+            0.5.
+        steps: timed steps per setup after the untimed step that measures memory (default 3).
+        device: where to run; default (None) the device of the model's first parameter.
+        candidates: names of built-in setups (``sac2.advisor.candidates_for``) or ``Candidate``s; default
+            (None) every built-in setup. No checkpointing runs first whether named or not.
+        progress: True (the default) shows a progress bar on stderr when it is a terminal.
+
+    Returns:
+        An ``Advice``: a row per setup that ran, the skipped setups, the Pareto front and the recommendation
+        (``advice.code`` is its line of code).
+
+    Raises:
+        ValueError: ``steps`` is not a positive int; a name in ``candidates`` is not a built-in setup;
+            ``memory_target`` is a float outside (0, 1] or a negative int.
+        TypeError: ``memory_target`` is not a number; without ``loss_fn``, the output has no ``loss`` and no
+            tensor.
     """
     if type(steps) is not int or steps < 1:
         raise ValueError(messages.advise_bad_steps(steps))

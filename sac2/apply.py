@@ -34,25 +34,47 @@ def apply_ac(
 ) -> list[str]:
     """Wrap blocks of ``model`` in place with ``sac2.checkpoint_wrapper``; return the names of the wrapped blocks.
 
-    - ``mode="selective"``: keep what ``policy`` saves (a policy callable or a list of ops; default
-      ``sac2.policies.llm()``), recompute the rest. ``"full"``: keep only each block's inputs. ``"none"``: no-op.
-    - ``mode="regions"``: make the calls ``save`` names inside each block regions, without editing the model's
-      source, and keep exactly those (``sac2.model_regions``: ``"attention"``, ``"linear"``, ``"experts"``, module
-      classes, name globs). The policy names only regions, so no dispatch
-      mode runs: the ops between regions cost what they cost without checkpointing. Default ``("attention",)``.
-      A saved region keeps its outputs and the backward state its body makes; what its body saves of its own
-      inputs (a Linear's input, attention's q/k/v) is rebuilt in recompute, as saving the same ops does.
-    - ``keep_inputs=True`` (regions): keep those inputs for real instead, for inputs whose producer may not give
-      the same values in recompute (nondeterministic kernels such as GPU atomics); it costs their memory.
-    - ``blocks``: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
-      module names, or a predicate (the outermost modules it accepts). Default: ``model.layers`` if it is such a
-      container, else the one container of ``model`` with the most children, all of one class.
-    - ``every=k``: wrap only the k-th, 2k-th, ... block (older torchtitan's ``selective_ac_option="k"`` is
-      ``mode="full", every=k``); the others run without checkpointing.
-    - ``checkpoint_kwargs`` go to ``sac2.checkpoint`` (``preserve_rng_state``, ``determinism_check``, ...).
+    One call for a transformer stack: it finds the blocks, builds the ``context_fn`` and wraps each block. Wrapped
+    state dicts keep the unwrapped keys, so apply it before or after loading weights. Blocks that transformers
+    already checkpoints (``gradient_checkpointing = True``) would be recomputed twice: it warns.
 
-    Wrapped state dicts keep the unwrapped keys, so apply it before or after loading weights. Blocks that
-    transformers already checkpoints (``gradient_checkpointing = True``) would be recomputed twice: it warns.
+    Args:
+        model: the model to change in place.
+        mode: ``"selective"`` (the default) keeps what ``policy`` saves and recomputes the rest. ``"full"`` keeps
+            only each block's inputs. ``"none"`` changes nothing. ``"regions"`` makes the calls ``save`` names
+            inside each block regions, without editing the model's source, and keeps exactly those: the policy
+            names only regions, so no dispatch mode runs and the ops between regions cost what they cost without
+            checkpointing. A saved region keeps its outputs and the backward state its body makes; what its
+            body saves of its own inputs (a Linear's input, attention's q/k/v) is rebuilt in recompute, as
+            saving the same ops does.
+        policy: ``mode="selective"`` only: a policy callable or a list of ops to save; default (None)
+            ``sac2.policies.llm()``.
+        save: ``mode="regions"`` only: what to make regions (``sac2.model_regions``: ``"attention"``,
+            ``"linear"``, ``"experts"``, module classes, name globs); default (None) ``("attention",)``.
+        blocks: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
+            module names, or a predicate (the outermost modules it accepts). Default (None): ``model.layers`` if
+            it is such a container, else the one container of ``model`` with the most children, all of one class.
+        every: wrap only the k-th, 2k-th, ... block for ``every=k`` (older torchtitan's
+            ``selective_ac_option="k"`` is ``mode="full", every=k``); the others run without checkpointing. The
+            default 1 wraps every block.
+        keep_inputs: ``mode="regions"``: True keeps for real what a saved region's body saves of its own inputs,
+            for inputs whose producer may not give the same values in recompute (nondeterministic kernels such
+            as GPU atomics); it costs their memory. The default False rebuilds them in recompute.
+        **checkpoint_kwargs: passed to ``sac2.checkpoint`` for each block (``preserve_rng_state``,
+            ``determinism_check``, ...; a ``context_fn`` here replaces the one ``policy`` makes).
+
+    Returns:
+        The qualified names of the wrapped blocks, in model order (``[]`` for ``mode="none"``).
+
+    Raises:
+        ValueError: an unknown ``mode``; ``policy`` without ``mode="selective"``; ``save`` without
+            ``mode="regions"``; ``every`` not a positive int; ``blocks`` a container that is not a submodule of
+            ``model``, a predicate that accepts no module, or a name of no submodule; no ``blocks`` given and
+            ``model`` has no such container, or several of the same size; ``mode="regions"`` with a ``save``
+            that is empty or matches nothing (a class or a glob; no attention call for ``"attention"``), or
+            that would make regions sac2 refuses (nested, already checkpointed, holding checkpoints, containers).
+        TypeError: ``blocks`` is one string rather than a list of names; a ``save`` entry is neither a string
+            nor a module class.
     """
     if mode not in _MODES:
         raise ValueError(messages.apply_ac_bad_mode(mode, _MODES))

@@ -48,11 +48,30 @@ def create_selective_checkpoint_contexts(
     per-forward state keyed by it, but must read ``ctx.op_output`` during its call.
     The pair works as ``context_fn`` for ``sac2.checkpoint`` and for ``torch.utils.checkpoint.checkpoint``.
 
-    ``allow_cache_entry_mutation=True``: a saved output modified in place after the checkpointed forward is
-    recomputed in backward instead of raising. (Modifications inside the forward are always handled that way.)
-
     A list of only ``sac2.Region``s needs no dispatch mode: in eager the pair is two plain context managers that
     only ``sac2.region`` calls talk to (``sac2.region_record``), so the ops between regions cost nothing extra.
+
+    Args:
+        policy_fn_or_list: a policy callable (``policy_fn(ctx, op, *args, **kwargs)``, e.g. a
+            ``sac2.policies`` preset), or a list, tuple or set of ``OpOverload``s, higher-order ops and
+            ``sac2.Region``s to save (everything else is recomputed).
+        allow_cache_entry_mutation: True recomputes in backward a saved output that was modified in place after
+            the checkpointed forward, instead of raising. The default False raises autograd's "modified by an
+            inplace operation" error in backward. Modifications inside the forward are always handled by
+            recomputing. A list of only regions ignores it: in eager, a write into what a saved region kept
+            raises autograd's error in backward.
+
+    Returns:
+        The (forward context, recompute context) pair a ``context_fn`` returns: sac2's ``CachingMode`` and
+        ``ReplayMode`` dispatch modes, or for a list of only regions in eager, the dispatch-free
+        ``RegionForward`` and ``RegionReplay``. A new pair per call: call it once per checkpointed call
+        (``functools.partial(create_selective_checkpoint_contexts, policy)`` as the ``context_fn``).
+
+    Raises:
+        TypeError: ``policy_fn_or_list`` is neither callable nor a list, tuple or set. In forward, a policy that
+            answers something other than a ``CheckpointPolicy`` or a bool raises TypeError naming the op.
+        ValueError: the list holds an ``OpOverloadPacket`` (``torch.ops.aten.mm`` rather than
+            ``torch.ops.aten.mm.default``) or something that is not an op or a ``sac2.Region``.
     """
     policy, record = as_policy(policy_fn_or_list), Record()
     regions = region_only(policy)
@@ -103,11 +122,46 @@ def checkpoint(
     torch 2.14's signature and semantics, on every torch sac2 supports, with ``use_reentrant=False`` as the
     default (``None`` means False, without torch's warning). Without ``function``, a decorator:
     ``checkpoint(use_reentrant=False)(fn)``, also on methods. ``use_reentrant=True`` runs torch's reentrant
-    checkpoint, which recomputes everything and cannot apply a policy, so it rejects ``context_fn``.
+    checkpoint, which recomputes everything and cannot apply a policy, so it rejects ``context_fn``. In eager
+    the call runs sac2's frame; under torch.compile it is torch's checkpoint, which dynamo traces.
 
-    ``respect_saved_tensors_hooks``: whether what the policy saves goes through the user's saved-tensor hooks in
-    scope (``save_on_cpu``): True routes it through them, False bypasses them, None bypasses them and warns
-    (FutureWarning) when such hooks are in scope and something was saved, as torch 2.14+ does.
+    Args:
+        function: what to checkpoint (a function or a module). None (the default) with no ``args`` makes the
+            decorator form: the result, applied to a function, checkpoints each of its calls with these options.
+        *args: the positional arguments ``function`` is called with.
+        use_reentrant: True runs torch's reentrant checkpoint (all recomputed, no policy); False and the default
+            None run the non-reentrant checkpoint, None without torch's warning about the default.
+        preserve_rng_state: True (the default) replays the CPU and device RNG states in recompute, so random ops
+            draw the same numbers as in forward; False skips saving and restoring them.
+        context_fn: returns the (forward, recompute) context pair, e.g.
+            ``functools.partial(sac2.create_selective_checkpoint_contexts, policy)``. The default, torch's
+            ``noop_context_fn``, is full activation checkpointing: only the inputs are kept.
+        determinism_check: ``"default"`` checks in recompute that each saved tensor has the shape, dtype and
+            device it had in forward; ``"none"`` skips the check.
+        debug: True records the ops forward and recompute ran and adds them, side by side, to a recompute
+            error's message.
+        early_stop: True (the default) stops the recompute as soon as every tensor the backward needs is back;
+            False runs the function to its end. ``torch.utils.checkpoint.set_checkpoint_early_stop`` overrides it.
+        respect_saved_tensors_hooks: whether what the policy saves goes through the user's saved-tensor hooks
+            in scope (``save_on_cpu``): True routes it through them, False bypasses them, None (the default)
+            bypasses them and warns (FutureWarning) when such hooks are in scope and something was saved, as
+            torch 2.14+ does.
+        **kwargs: the keyword arguments ``function`` is called with.
+
+    Returns:
+        What ``function(*args, **kwargs)`` returns; in the decorator form, the checkpointed function.
+
+    Raises:
+        ValueError: keyword arguments other than the options in the decorator form; a ``determinism_check``
+            other than ``"default"`` or ``"none"``; ``use_reentrant=True`` with a ``context_fn`` (or, on torch
+            2.13, with ``respect_saved_tensors_hooks``).
+        RuntimeError: the forward context of ``context_fn`` suppressed an exception of the forward; a device
+            was initialized during the forward with ``preserve_rng_state=True``. In backward: a tensor the
+            forward saved was written in place afterwards (autograd's "modified by an inplace operation"), or
+            the recompute ran other ops than the forward did.
+        torch.utils.checkpoint.CheckpointError: in backward, the recompute saved more tensors, a different
+            number of tensors, or tensors of other shape, dtype or device than the forward (with
+            ``determinism_check="default"``), or a saved tensor was unpacked twice in one backward.
     """
     options = _Options(
         use_reentrant=use_reentrant,

@@ -42,7 +42,12 @@ class compiled_region:
     Inside a sac2 forward or recompute, pops sac2's modes (which must be the innermost ones) and clears torch's
     dispatch-mode flags for the body; on exit, normal or by exception, restores both. Nests; a no-op outside
     sac2 SAC and under torch.compile tracing. sac2 records nothing the body runs, so the checkpoint recomputes the
-    body in backward; use ``sac2.region`` to let the policy save it instead.
+    body in backward; use ``sac2.region`` to let the policy save it instead. Takes no arguments:
+    ``with sac2.compiled_region(): out = compiled_fn(x)``.
+
+    Raises:
+        RuntimeError: on entering, another dispatch mode is on the stack above sac2's modes (enter it outside the
+            checkpointed function, or inside the body).
     """
 
     __slots__ = ("_popped",)

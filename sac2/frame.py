@@ -102,6 +102,11 @@ class use_torch_frame:
 
     Like ``torch.set_grad_enabled``: ``sac2.use_torch_frame()`` switches this thread until switched back
     (``sac2.use_torch_frame(False)``), and ``with sac2.use_torch_frame(): ...`` switches for the block only.
+    sac2's policies and modes still decide what is kept; only the frame (hooks, recompute) is torch's.
+
+    Args:
+        enabled: True (the default) runs torch's frame from now on in this thread; False runs sac2's again.
+            Leaving the ``with`` block restores whichever was in use before.
     """
 
     def __init__(self, enabled: bool = True) -> None:
@@ -127,6 +132,13 @@ class preserve_generators:
     already; code no mode sees (full AC, the ops between one-line regions) draws from ``g`` again in recompute
     unless ``g`` is named here, and would get other numbers than the forward did. Each generator is left where the
     forward left it. ``with sac2.preserve_generators(g): loss = model(x)``; nests, per thread.
+
+    Args:
+        *generators: the ``torch.Generator``s to save at each checkpoint's start and replay in its recompute,
+            added to those of enclosing ``preserve_generators`` blocks.
+
+    Raises:
+        TypeError: one of ``generators`` is not a ``torch.Generator``.
     """
 
     def __init__(self, *generators: torch.Generator) -> None:

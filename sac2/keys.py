@@ -20,7 +20,11 @@ class Region:
 
     ``Region("attn")`` in a save list saves every region of that name. The policy receives the ``Region`` itself
     as ``op`` for ``sac2.region`` calls; for compiled code it receives torch's ``inductor_compiled_code`` HOP and
-    ``sac2.region_of(op, args)`` names the region.
+    ``sac2.region_of(op, args)`` names the region. Regions compare equal by name.
+
+    Args:
+        name: the region's name: a ``sac2.region``'s ``name`` (default its function's ``__qualname__``), or the
+            ``name=`` given to ``torch.compile``.
     """
 
     __slots__ = ("name",)
@@ -65,7 +69,20 @@ def replay_key(func: PolicyOp, args: tuple[Any, ...]) -> Key:
 
 
 def region_of(op: object, args: tuple[Any, ...] = ()) -> Region | None:
-    """The ``Region`` an op stands for (a sac2 region, or compiled code given a name), else None."""
+    """The ``Region`` an op stands for (a sac2 region, or compiled code given a name), else None.
+
+    A policy sees compiled code as torch's ``inductor_compiled_code`` HOP; this names which compiled region the call
+    runs, so a policy can decide per region as a save list does.
+
+    Args:
+        op: the ``op`` a policy received.
+        args: the positional arguments the policy received with it (needed for compiled code; the default ``()``
+            suffices for a ``Region``).
+
+    Returns:
+        ``op`` itself if it is a ``Region``; ``Region(name)`` for compiled code given ``name`` by torch.compile;
+        None for any other op, and for compiled code without a name or without ``args``.
+    """
     if type(op) is Region:
         return op
     if op is _compat.INDUCTOR_COMPILED_CODE and args:

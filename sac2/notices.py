@@ -34,5 +34,8 @@ def forward_count() -> int:
     full AC is torch's own checkpoint operator with nothing of sac2 in it, and does not count).
 
     A check that sac2, not torch's SAC, is doing the work: read it before and after a step.
+
+    Returns:
+        The number of such forwards since the process started; it only grows.
     """
     return _forwards

@@ -337,6 +337,20 @@ def activation_memory(fn: Callable[..., Any], example_inputs: Any, policy: Polic
 
     Counts unique storages of what the checkpoint's record saves plus what autograd saves outside the
     checkpoint, excluding parameters and inputs (anything that existed before the forward). Runs no backward.
+
+    Args:
+        fn: the function or module to run.
+        example_inputs: its positional arguments (a tuple or list); one tensor alone is one argument.
+        policy: a policy callable or a list of ops to save, as ``sac2.create_selective_checkpoint_contexts``
+            takes.
+
+    Returns:
+        The bytes of the unique storages kept for backward.
+
+    Raises:
+        ValueError: ``policy`` is a list holding something that is not an op or a ``sac2.Region``.
+        TypeError: ``policy`` is neither callable nor a list; the policy answered something other than a
+            ``CheckpointPolicy`` or a bool.
     """
     inputs = as_inputs(example_inputs)
     before = _outside_storages(fn, inputs)

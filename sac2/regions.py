@@ -75,6 +75,18 @@ def region(fn: Callable[..., Any] | None = None, *, name: str | None = None, kee
     What a saved body saves of its own inputs (a matmul's input) is rebuilt from them in recompute, not kept;
     ``keep_inputs=True`` keeps it for real (inputs a nondeterministic producer made, e.g. GPU atomics), ``False``
     rebuilds it again, None leaves the region's setting as it is (``sac2.region_record.keep_inputs``).
+
+    Args:
+        fn: the function whose calls become regions. None (the default) makes the decorator form,
+            ``@sac2.region(name=...)``.
+        name: the region's name, what ``sac2.Region(name)`` matches; default ``fn.__qualname__``. Regions of one
+            name share their ``keep_inputs`` setting.
+        keep_inputs: True keeps for real what a saved body saves of its own inputs; False rebuilds it in
+            recompute; None (the default) leaves the name's setting as it is (rebuilt unless set).
+
+    Returns:
+        A function that calls ``fn`` as a region (``functools.wraps(fn)``); in the decorator form, a decorator
+        that makes one.
     """
     if fn is None:
         return functools.partial(region, name=name, keep_inputs=keep_inputs)

@@ -52,7 +52,23 @@ class RegionRow:
 
 @dataclass
 class Report:
-    """Per-op rows, totals, and the memory/recompute trade-off across budgets (fraction, bytes, cost)."""
+    """Per-op rows, totals, and the memory/recompute trade-off across budgets (fraction, bytes, cost).
+
+    What ``sac2.explain`` returns: ``str(report)`` is the per-op table, ``to_json()``/``from_json()`` round-trip
+    it, ``plot(path)`` draws the trade-off curve with this policy marked.
+
+    Args:
+        rows: one ``Row`` per op, all its calls in the forward: calls, bytes saved and freed, recompute cost,
+            the decision and the rule that made it.
+        cost_unit: the unit of the costs: ``"s"`` (measured time) or ``"flop"``.
+        kept_bytes: activation bytes the policy keeps for backward.
+        total_bytes: activation bytes saving every op would keep.
+        recompute_cost: what backward re-runs, in ``cost_unit``.
+        curve: (budget fraction, kept bytes, recompute cost) for budgets 0, 0.1, ..., 1.
+        predicted_bytes: what a memory budget predicted it keeps (from the forward it profiled), when the policy
+            is one; else None.
+        regions: one ``RegionRow`` per region: what saving it keeps next to what its outputs alone hold.
+    """
 
     rows: list[Row]
     cost_unit: str
@@ -84,10 +100,12 @@ class Report:
         return "\n".join(lines)
 
     def to_json(self) -> str:
+        """The report as a JSON document; ``Report.from_json`` reads it back."""
         return json.dumps(asdict(self), indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Report:
+        """The report ``to_json`` wrote."""
         data = json.loads(text)
         data["rows"] = [Row(**r) for r in data["rows"]]
         data["regions"] = [RegionRow(**r) for r in data["regions"]]
@@ -103,11 +121,25 @@ def explain(
     fn_or_module: Callable[..., Any], example_inputs: Any, policy: Policy, cost: str | None = None
 ) -> Report:
     """Run ``fn_or_module(*example_inputs)`` once under sac2's forward mode and report what ``policy`` keeps and
-    recomputes per op: exactly what that forward's record holds. One tensor as ``example_inputs`` is one
-    argument.
+    recomputes per op: exactly what that forward's record holds, so the report cannot disagree with what a
+    checkpoint with this policy keeps. Runs no backward.
 
-    ``cost``: ``"time"`` (measured) or ``"flops"`` (estimated, deterministic); by default time unless the inputs
-    are fake or meta.
+    Args:
+        fn_or_module: the function or module to run.
+        example_inputs: its positional arguments (a tuple or list); one tensor alone is one argument.
+        policy: a policy callable or a list of ops to save, as ``sac2.create_selective_checkpoint_contexts``
+            takes.
+        cost: ``"time"`` (measured) or ``"flops"`` (estimated, deterministic); default (None) time, unless the
+            inputs are fake or meta tensors, which cannot be timed.
+
+    Returns:
+        A ``Report``: a row per op, totals, and the trade-off curve across memory budgets.
+
+    Raises:
+        ValueError: ``cost`` is neither ``"time"`` nor ``"flops"``; ``policy`` is a list holding something that
+            is not an op or a ``sac2.Region``.
+        TypeError: ``policy`` is neither callable nor a list; the policy answered something other than a
+            ``CheckpointPolicy`` or a bool.
     """
     policy = as_policy(policy)
     return _report(profile(fn_or_module, example_inputs, cost, policy), policy)
@@ -116,7 +148,24 @@ def explain(
 def plot_budgets(
     fn_or_module: Callable[..., Any], example_inputs: Any, path: str, cost: str | None = None
 ) -> list[tuple[float, int, float]]:
-    """Profile one forward and plot, to ``path``, memory against recompute cost for budgets 0, 0.1, ..., 1."""
+    """Profile one forward and plot, to ``path``, memory against recompute cost for budgets 0, 0.1, ..., 1.
+
+    The curve ``sac2.policies.memory_budget`` moves along: where to set a budget before choosing one.
+
+    Args:
+        fn_or_module: the function or module to run.
+        example_inputs: its positional arguments (a tuple or list); one tensor alone is one argument.
+        path: where to write the image (matplotlib picks the format from the suffix, e.g. ``.png``).
+        cost: ``"time"`` (measured) or ``"flops"`` (estimated, deterministic); default (None) time, unless the
+            inputs are fake or meta tensors, which cannot be timed.
+
+    Returns:
+        The plotted points: (budget fraction, kept bytes, recompute cost) for each budget.
+
+    Raises:
+        ValueError: ``cost`` is neither ``"time"`` nor ``"flops"``.
+        ImportError: matplotlib is not installed.
+    """
     prof = profile(fn_or_module, example_inputs, cost)
     curve = _curve(prof)
     _plot(curve, None, prof.cost_unit, path)

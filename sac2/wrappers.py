@@ -47,7 +47,11 @@ class ActivationWrapper(nn.Module):
     """Holds the module as ``_checkpoint_wrapped_module`` and hides that name from state dicts and parameter names.
 
     The base of ``CheckpointWrapper`` and ``OffloadWrapper``; torch's ``ActivationWrapper`` counts it as one of its
-    own (``isinstance``)."""
+    own (``isinstance``). Attributes and indexing the wrapper lacks are the wrapped module's.
+
+    Args:
+        module: the module to wrap.
+    """
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -95,6 +99,19 @@ class CheckpointWrapper(ActivationWrapper):
 
     Build it with ``checkpoint_wrapper``. Keyword arguments of the module's forward work with every
     ``checkpoint_impl``.
+
+    Args:
+        mod: the module to wrap.
+        checkpoint_impl: ``CheckpointImpl.NO_REENTRANT`` (the default) runs ``sac2.checkpoint``;
+            ``CheckpointImpl.REENTRANT`` runs torch's reentrant checkpoint, which recomputes the whole module.
+            Ignored when ``checkpoint_fn`` is given.
+        checkpoint_fn: a function called as ``checkpoint_fn(module, *args, **checkpoint_fn_kwargs, **kwargs)``
+            in place of ``sac2.checkpoint``; default (None) ``sac2.checkpoint``.
+        **checkpoint_fn_kwargs: options for the checkpoint function (``context_fn``, ``preserve_rng_state``,
+            ...), bound once here.
+
+    Raises:
+        ValueError: ``CheckpointImpl.REENTRANT`` without ``checkpoint_fn``, with a ``context_fn``.
     """
 
     def __init__(
@@ -130,7 +147,14 @@ class CheckpointWrapper(ActivationWrapper):
 
 
 class OffloadWrapper(ActivationWrapper):
-    """Keeps the wrapped module's activations in pinned CPU memory between forward and backward."""
+    """Keeps the wrapped module's activations in pinned CPU memory between forward and backward.
+
+    Each forward runs under torch's ``save_on_cpu(pin_memory=True)``: no recompute, host memory and transfers
+    instead. Build it with ``offload_wrapper``.
+
+    Args:
+        module: the module to wrap.
+    """
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autograd.graph.save_on_cpu(pin_memory=True):
@@ -163,13 +187,35 @@ def checkpoint_wrapper(
 
     ``checkpoint_fn_kwargs`` are those of ``sac2.checkpoint``: ``context_fn`` for a selective policy,
     ``preserve_rng_state``, ``determinism_check``, ``debug``, ``early_stop``. A ``checkpoint_fn`` replaces
-    ``sac2.checkpoint`` (and ``checkpoint_impl`` is then ignored), as in torch.
+    ``sac2.checkpoint`` (and ``checkpoint_impl`` is then ignored), as in torch. State-dict keys and parameter
+    names stay those of ``module``.
+
+    Args:
+        module: the module to wrap.
+        checkpoint_impl: ``CheckpointImpl.NO_REENTRANT`` (the default) is ``sac2.checkpoint``;
+            ``CheckpointImpl.REENTRANT`` runs torch's reentrant checkpoint, which cannot apply a policy.
+        checkpoint_fn: replaces ``sac2.checkpoint``, called as ``checkpoint_fn(module, *args, **kwargs)`` with
+            ``checkpoint_fn_kwargs``; default (None) ``sac2.checkpoint``.
+        **checkpoint_fn_kwargs: the checkpoint function's options, passed on every call.
+
+    Returns:
+        A ``CheckpointWrapper`` around ``module``.
+
+    Raises:
+        ValueError: ``CheckpointImpl.REENTRANT`` (without ``checkpoint_fn``) with a ``context_fn``.
     """
     return CheckpointWrapper(module, checkpoint_impl, checkpoint_fn, **checkpoint_fn_kwargs)
 
 
 def offload_wrapper(module: nn.Module) -> nn.Module:
-    """Wrap ``module`` so its activations are offloaded to pinned CPU memory (torch's ``save_on_cpu``)."""
+    """Wrap ``module`` so its activations are offloaded to pinned CPU memory (torch's ``save_on_cpu``).
+
+    Args:
+        module: the module to wrap.
+
+    Returns:
+        An ``OffloadWrapper`` around ``module``.
+    """
     return OffloadWrapper(module)
 
 
@@ -184,6 +230,18 @@ def apply_activation_checkpointing(
     Children are wrapped before their parents; the root is never wrapped (wrap it yourself). An
     ``auto_wrap_policy`` from ``torch.distributed.fsdp.wrap`` (``ModuleWrapPolicy``, ``CustomPolicy``, a
     ``functools.partial`` of ``lambda_auto_wrap_policy`` or ``size_based_auto_wrap_policy``) replaces ``check_fn``.
+    torch's function of the same name, with ``sac2.checkpoint_wrapper`` as the default wrapper.
+
+    Args:
+        model: the model to change in place (never wrapped itself).
+        checkpoint_wrapper_fn: called with each selected submodule, returns its replacement; default
+            ``sac2.checkpoint_wrapper`` (bind options with ``functools.partial``).
+        check_fn: selects the submodules to wrap; the default selects every one.
+        auto_wrap_policy: an FSDP wrap policy that selects instead of ``check_fn``; ``CustomPolicy`` may also
+            give per-module keyword arguments for ``checkpoint_wrapper_fn``. Default None: ``check_fn`` selects.
+
+    Raises:
+        ValueError: ``auto_wrap_policy`` is neither callable nor an FSDP wrap policy.
     """
     if auto_wrap_policy is None:
         _post_order_wrap(model, check_fn, checkpoint_wrapper_fn)
@@ -261,6 +319,19 @@ def checkpoint_module(
     **checkpoint_kwargs)``. Forward hooks of the module itself run once, outside the checkpoint; hooks of its
     submodules run again in recompute. ``fully_shard`` and ``torch.compile`` work on the result, and it pickles
     (``torch.save``/``torch.load(weights_only=False)``) when ``context_fn`` does.
+
+    Args:
+        module: the module to checkpoint, changed in place.
+        context_fn: the checkpoint's ``context_fn``, e.g.
+            ``functools.partial(sac2.create_selective_checkpoint_contexts, policy)``; the default, torch's
+            ``noop_context_fn``, is full activation checkpointing.
+        **checkpoint_kwargs: other options of ``sac2.checkpoint`` (``preserve_rng_state``, ...).
+
+    Returns:
+        ``module`` itself, now of the ``Checkpointed<Name>`` class.
+
+    Raises:
+        ValueError: ``module`` is already checkpointed by ``checkpoint_module``; ``use_reentrant=True``.
     """
     if getattr(module, "_sac2_checkpoint_kwargs", None) is not None:
         raise ValueError(messages.already_checkpointed(module))

@@ -210,6 +210,9 @@ def installed() -> dict[str, str]:
     and every imported module outside torch and sac2 that binds one of those three functions (e.g.
     ``torchtitan.distributed.activation_checkpoint.ptd_checkpoint_wrapper``). With sac2 installed every value is
     ``"sac2"``.
+
+    Returns:
+        A dict from each binding's qualified name to ``"sac2"`` or ``"torch"``.
     """
     return {qualname: "sac2" if id(value) in _ORIGINALS else "torch" for qualname, _, _, value in _bindings()}
 
@@ -285,7 +288,14 @@ def install() -> Installation:
         handle.verify()
 
     or as a context manager (``with sac2.install(): ...``). Installations nest; torch's objects come back when the
-    last one is uninstalled.
+    last one is uninstalled. Frameworks that call torch's checkpoint API (transformers, torchtitan, Lightning)
+    then run sac2 without a change to their code; ``docs/concepts.md`` says why it rebinds the frame, not torch's
+    ``checkpoint``.
+
+    Returns:
+        The ``Installation`` handle: ``verify()`` checks that it is still in effect and that every binding
+        points at sac2 (raising ``RuntimeError`` otherwise, naming the bindings that do not), ``uninstall()`` or
+        leaving its ``with`` block undoes it.
     """
     handle = Installation()
     handle._install()

@@ -37,6 +37,13 @@ class MemoryBudget:
     PREFER_* answers, so ``compose`` with a MUST_* piece overrides it. Call counts restart with each forward
     (each checkpointed call gets a fresh context from sac2's forward mode; torch's modes have none: it raises).
     It pickles; a compiled region's key holds its callable's index, which only the process that compiled it has.
+    Build it with ``memory_budget``; ``kept_bytes`` and ``recompute_cost`` are what the profile predicts.
+
+    Args:
+        profiled: the profile of one forward (``sac2.profile``): its op calls, their storages and costs.
+        saved: the indices, into ``profiled.calls``, of the calls the solver chose to save.
+        capacity: the budget in bytes.
+        solution: the knapsack solver's answer (``sac2.knapsack``), which names its method.
     """
 
     def __init__(self, profiled: Profile, saved: frozenset[int], capacity: int, solution: Solution) -> None:
@@ -97,9 +104,23 @@ def memory_budget(
 ) -> MemoryBudget:
     """A policy keeping at most ``budget`` of activation memory while recomputing the least.
 
-    ``budget``: a float in [0, 1] is a fraction of what saving every op keeps; an int is bytes. ``cost`` is
-    ``"time"`` (measured) or ``"flops"`` (estimated); by default time, unless the inputs are fake or meta.
-    ``fn_or_module(*example_inputs)`` runs once to profile.
+    ``fn_or_module(*example_inputs)`` runs once to profile (no backward); a 0/1 knapsack over the op calls then
+    picks what to save. A call the profile did not see is recomputed, with a warning once per budget.
+
+    Args:
+        fn_or_module: the function or module (usually one block) the policy is for.
+        example_inputs: its positional arguments (a tuple or list); one tensor alone is one argument.
+        budget: a float in [0, 1] is a fraction of what saving every op keeps; an int is bytes.
+        cost: ``"time"`` (measured) or ``"flops"`` (estimated, deterministic); default (None) time, unless the
+            inputs are fake or meta tensors.
+
+    Returns:
+        A ``MemoryBudget`` policy, for ``sac2.create_selective_checkpoint_contexts`` or ``sac2.apply_ac``.
+
+    Raises:
+        TypeError: ``budget`` is not an int or a float (a bool is neither).
+        ValueError: a float ``budget`` outside [0, 1] or a negative int; ``cost`` is neither ``"time"`` nor
+            ``"flops"``.
     """
     profiled = profile(fn_or_module, example_inputs, cost)
     return solve_budget(profiled, budget)

@@ -119,7 +119,11 @@ def llm_save_list() -> frozenset[_compat.Op]:
     convolutions, max/topk and the functional collectives.
 
     Also flex_attention and compiled regions (``inductor_compiled_code``). Ops the running torch lacks are
-    left out, so the same call works across torch versions and builds.
+    left out, so the same call works across torch versions and builds. Build a policy of your own on it:
+    ``sac2.create_selective_checkpoint_contexts(sac2.policies.llm_save_list() | {op})``.
+
+    Returns:
+        The ops, as a frozenset of ``OpOverload``s and higher-order ops.
     """
     import_op_modules()
     ops = [lookup(path) for path in _COMPUTE + _COMMUNICATION]
@@ -170,7 +174,11 @@ def llm() -> PolicyFn:
     copies; recompute the cheap rest (norms, activations, residual adds, RoPE).
 
     torchtitan-like, with a wider list than ``torchtitan()``: every matmul (not every other), every attention
-    kernel, and every functional collective (all-gather and all-reduce too)."""
+    kernel, and every functional collective (all-gather and all-reduce too). ``sac2.apply_ac``'s default.
+
+    Returns:
+        The policy: MUST_SAVE for those, PREFER_RECOMPUTE for everything else. It pickles.
+    """
     return _LLM(llm_save_list())
 
 
@@ -210,6 +218,10 @@ def every_other_matmul() -> PolicyFn:
 
     Halves what the matmuls keep at the cost of recomputing half of them. Counts need sac2's own modes, which give
     the policy one context per forward; under torch's stock modes (a new context per op) it raises.
+
+    Returns:
+        The policy: MUST_SAVE for the 1st, 3rd, ... matmul of a forward, MUST_RECOMPUTE for the 2nd, 4th, ...,
+        PREFER_RECOMPUTE for other ops. It holds no state of its own and pickles.
     """
     return _EveryOtherMatmul()
 
@@ -249,6 +261,17 @@ def recompute_linears(model: nn.Module, names: Iterable[str]) -> PolicyFn:
     mode can see: another Linear of the same shape is recomputed too, and a warning names it. Use it for small,
     cheap matmuls whose outputs are large or that run with dynamic shapes, such as an MoE router. A name that
     matches no module warns once and forces nothing, so one config serves dense and MoE models alike.
+    Combine it with another policy: ``compose(recompute_linears(model, ["router.gate"]), llm())``.
+
+    Args:
+        model: the model whose modules ``names`` names (read once, here).
+        names: qualified module names, or their trailing parts.
+
+    Returns:
+        The policy: MUST_RECOMPUTE for the matmuls with those weights' shapes, PREFER_RECOMPUTE for all else.
+
+    Raises:
+        ValueError: a name matches a module that is not an ``nn.Linear``.
     """
     names = list(names)
     shapes: set[tuple[int, ...]] = set()
@@ -307,6 +330,17 @@ def compose(*policies: PolicyFn) -> PolicyFn:
 
     Bool answers count as in sac2 (True is MUST_SAVE, False PREFER_RECOMPUTE). Stateful pieces such as
     ``every_other_matmul`` only see the ops no earlier policy decided, so put forced decisions first.
+
+    Args:
+        *policies: the policy callables to ask, in order (at least one).
+
+    Returns:
+        The combined policy; it pickles when its pieces do.
+
+    Raises:
+        ValueError: no policy given.
+        TypeError: one of ``policies`` is not callable. In forward, a piece that answers something other than a
+            ``CheckpointPolicy`` or a bool raises TypeError naming it and the op.
     """
     if not policies:
         raise ValueError(messages.COMPOSE_NO_POLICY)

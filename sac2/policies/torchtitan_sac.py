@@ -44,7 +44,11 @@ _TITAN_COMMUNICATION = (
 def torchtitan_save_list() -> frozenset[_compat.Op]:
     """torchtitan 0.3.0's default save list (``_get_default_save_ops``): the partitioner's compute-intensive ops,
     SDPA, max, linear, topk, flex_attention, compiled regions, reduce-scatter and all-to-all, and the DeepEP and
-    HybridEP dispatch/combine ops. Optional ops are in only when registered at the time of the call."""
+    HybridEP dispatch/combine ops. Optional ops are in only when registered at the time of the call.
+
+    Returns:
+        The ops, as a frozenset of ``OpOverload``s and higher-order ops.
+    """
     import_op_modules()
     ops: list[_compat.Op | None] = [*_compat.partitioner_compute_intensive_ops()]
     ops += [lookup(path) for path in _TITAN_COMPUTE + _TITAN_COMMUNICATION]
@@ -95,6 +99,19 @@ def torchtitan(
     ``nn.Linear`` of ``model`` whose qualified name contains one of ``force_recompute_mm_shapes_by_fqns`` are
     recomputed and not counted; a name matching nothing forces nothing, silently, as in torchtitan. Counting
     needs sac2's modes (one context per forward), as ``every_other_matmul`` does.
+
+    Args:
+        model: the model whose ``nn.Linear`` shapes ``force_recompute_mm_shapes_by_fqns`` picks; default (None)
+            forces no shape.
+        force_recompute_mm_shapes_by_fqns: substrings of qualified module names whose matmuls are always
+            recomputed; default torchtitan's ``("moe.router.gate",)``.
+
+    Returns:
+        The policy, answer for answer torchtitan's. It pickles.
+
+    Raises:
+        ValueError: a module whose name contains one of ``force_recompute_mm_shapes_by_fqns`` is not an
+            ``nn.Linear``.
     """
     fqns = list(force_recompute_mm_shapes_by_fqns)
     shapes: set[tuple[int, int]] = set()
