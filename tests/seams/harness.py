@@ -276,11 +276,12 @@ def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None
         return None
     if route == "apply_ac":
         if kind == "full":
-            sac2.apply_ac(model, "full")
+            sac2.apply_ac(model, "full", **_respect(cell))
         elif kind in ("regions", "regions_keep_inputs"):
-            sac2.apply_ac(model, "regions", save=["attention", "linear"], keep_inputs=kind == "regions_keep_inputs")
+            sac2.apply_ac(model, "regions", save=["attention", "linear"], keep_inputs=kind == "regions_keep_inputs",
+                          **_respect(cell))
         else:
-            sac2.apply_ac(model, "selective", policy=make_policy(kind, p))
+            sac2.apply_ac(model, "selective", policy=make_policy(kind, p), **_respect(cell))
         return None
     policy = make_policy(kind, p)
     installation = None
@@ -289,24 +290,24 @@ def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None
     # Each context_fn is made once, here, as users make it: dynamo takes a partial made inside compiled code, but
     # not a function defined there ("checkpoint not implemented for NestedUserFunctionVariable").
     if route == "checkpoint":
-        kwargs = _context(policy, plain)
+        kwargs = {**_context(policy, plain), **_respect(cell)}
         model.call = lambda layer, x: sac2.checkpoint(layer, x, **kwargs)
     elif route == "install_import":
-        model.call = functools.partial(torch_style.call, torch_style.context(policy, plain))
+        model.call = functools.partial(torch_style.call, {**torch_style.context(policy, plain), **_respect(cell)})
     elif route == "install_attr":
-        model.call = functools.partial(_torch_call, _torch_context(policy, plain))
+        model.call = functools.partial(_torch_call, {**_torch_context(policy, plain), **_respect(cell)})
     elif route == "wrapper":
         for i, layer in enumerate(model.layers):
-            model.layers[i] = sac2.checkpoint_wrapper(layer, **_context(policy, plain))
+            model.layers[i] = sac2.checkpoint_wrapper(layer, **_context(policy, plain), **_respect(cell))
     elif route == "apply_activation_checkpointing":
-        wrapper = functools.partial(sac2.checkpoint_wrapper, **_context(policy, plain))
+        wrapper = functools.partial(sac2.checkpoint_wrapper, **_context(policy, plain), **_respect(cell))
         sac2.apply_activation_checkpointing(model, wrapper, check_fn=lambda m: isinstance(m, Block))
     elif route == "torch_wrapper":
-        kwargs = torch_style.context(policy, plain)
+        kwargs = {**torch_style.context(policy, plain), **_respect(cell)}
         model.layers[0] = torch_style.wrap(kwargs, model.layers[0], with_class=False)
         model.layers[1] = torch_style.wrap(kwargs, model.layers[1], with_class=True)
     elif route == "hf":  # docs/huggingface.md: route 1 (a sac2 context_fn), full AC by route 3 (install)
-        kwargs = {"use_reentrant": False, **_context(policy, plain)}
+        kwargs = {"use_reentrant": False, **_context(policy, plain), **_respect(cell)}
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     else:
         raise AssertionError(route)
@@ -341,9 +342,21 @@ def _tool(around: str) -> contextlib.AbstractContextManager[object]:
         return MemTracker()
     if around.startswith("passthrough"):
         return _PassThrough()
-    if around == "save_on_cpu":
+    if around.startswith("save_on_cpu"):
         return torch.autograd.graph.save_on_cpu()
+    if around.startswith("user_hooks"):
+        return torch.autograd.graph.saved_tensors_hooks(torch.clone, _unpacked)
     raise AssertionError(around)
+
+
+def _unpacked(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _respect(cell: Cell) -> dict[str, Any]:
+    """The checkpoint keyword the cell's route passes for what is around it: respect_saved_tensors_hooks=True for
+    the ``*_respect`` values of ``matrix.AROUND``."""
+    return {"respect_saved_tensors_hooks": True} if cell.around.endswith("_respect") else {}
 
 
 def _phases(around: str) -> tuple[contextlib.AbstractContextManager[object], ...]:

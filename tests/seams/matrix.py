@@ -15,16 +15,22 @@ other executions and for the user's tools around it.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import os
 from dataclasses import dataclass
 from typing import Callable
+
+import torch.utils.checkpoint as tuc
 
 __all__ = [
     "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "AROUND", "DIMENSIONS", "COMPILED", "Cell", "Rule", "RULES",
     "BUGS",
     "LIBRARY", "CI_FULL", "product", "valid_cells", "pairs_of", "pairwise", "trimmed", "selected", "bug_of",
 ]
+
+#: Whether this torch's checkpoint takes respect_saved_tensors_hooks (2.14+).
+_TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(tuc.checkpoint).parameters
 
 # ---- the dimensions ----
 
@@ -66,6 +72,9 @@ AROUND = (
     "memtracker_both",  # torch.distributed._tools' MemTracker over forward and backward
     "passthrough_forward",  # a user's do-nothing TorchDispatchMode over the forward only
     "save_on_cpu",  # torch.autograd.graph.save_on_cpu() around the step (an outer pair of saved-tensor hooks)
+    "save_on_cpu_respect",  # the same, the route passing respect_saved_tensors_hooks=True
+    "user_hooks",  # a user's saved_tensors_hooks pair (pack copies) around the step, the route passing no flag
+    "user_hooks_respect",  # the same pair, the route passing respect_saved_tensors_hooks=True
 )
 DIMENSIONS = {"route": ROUTES, "execution": EXECUTIONS, "policy": POLICIES, "backward": BACKWARDS, "around": AROUND}
 COMPILED = frozenset(EXECUTIONS) - {"eager"}
@@ -160,6 +169,19 @@ RULES: tuple[Rule, ...] = (
         "saved-tensor hooks around a compiled region are torch's business, so compiled cells would test eager "
         "again or torch alone. The tools are crossed with every route, policy and backward in eager.",
         lambda c: c.compiled and c.around != "none",
+    ),
+    Rule(
+        "exclude",
+        "torchtitan's activation-checkpoint config has no option for the checkpoint's saved-tensor hooks flag, so "
+        "the route cannot pass respect_saved_tensors_hooks (its cells without the flag run under the same hooks).",
+        lambda c: c.route == "torchtitan" and c.around.endswith("_respect"),
+    ),
+    Rule(
+        "exclude",
+        "torch 2.13's checkpoint has no respect_saved_tensors_hooks parameter (it passes unknown keywords to the "
+        "checkpointed function), so routes through torch's own names cannot pass it there.",
+        lambda c: not _TORCH_TAKES_HOOKS_FLAG and c.around.endswith("_respect")
+        and c.route in ("install_import", "install_attr", "torch_wrapper", "hf"),
     ),
     Rule(
         "error",
