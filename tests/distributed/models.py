@@ -2,7 +2,7 @@
 
 A small llama-like stack: 3 blocks of (RMS-style norm, attention by ``scaled_dot_product_attention``, MLP) under
 ``model.layers`` (where ``sac2.apply_ac`` looks), a head and an unused ``spare`` Linear (DDP's
-``find_unused_parameters`` has something to find).
+``find_unused_parameters`` has something to find; ``spare=False`` leaves it out).
 """
 
 from __future__ import annotations
@@ -46,12 +46,13 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, spare: bool = True) -> None:
         super().__init__()
         torch.manual_seed(seed)
         self.layers = nn.ModuleList(Block() for _ in range(3))
         self.head = nn.Linear(D, 1)
-        self.spare = nn.Linear(D, D)  # never called
+        if spare:
+            self.spare = nn.Linear(D, D)  # never called
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
