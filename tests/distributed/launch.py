@@ -27,12 +27,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_ranks(worker: str, *args: str, timeout_s: float, peer_may_fail: bool = False) -> list[dict | None]:
+def run_ranks(
+    worker: str, *args: str, timeout_s: float, peer_may_fail: bool = False, cwd: str | None = None
+) -> list[dict | None]:
     """Run ``worker`` (a file name in this folder) on 2 ranks; return each rank's last JSON line.
 
-    A rank that fails fails the call, unless ``peer_may_fail``: for cells where one rank is expected to raise (stock
-    SAC under a split backward) and leave its peer blocked in a receive. Then a rank still running a few seconds
-    after the other ended is killed and its entry is None (or the JSON line it printed before).
+    ``cwd`` is the ranks' working directory (default: this process's). A rank that fails fails the call, unless
+    ``peer_may_fail``: for cells where one rank is expected to raise (stock SAC under a split backward) and leave
+    its peer blocked in a receive. Then a rank still running 10 s after the other ended is killed and its entry is
+    None (or the JSON line it printed before).
     """
     port = _free_port()
     env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
@@ -40,7 +43,7 @@ def run_ranks(worker: str, *args: str, timeout_s: float, peer_may_fail: bool = F
     procs = [
         subprocess.Popen([sys.executable, str(HERE / worker), *args],
                          env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
         for r in range(2)
     ]
     try:
