@@ -1,6 +1,7 @@
 """Every ```python block in the README and docs/ runs as written (blocks of one file share a namespace).
 
 docs/migration.md has its own test (tests/test_docs_migration.py), which also checks its sections.
+docs/distributed.md's blocks need 2 ranks: tests/distributed/test_docs_distributed.py runs them (SAC2_DISTRIBUTED=1).
 """
 
 import pytest
