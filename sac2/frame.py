@@ -52,6 +52,7 @@ from sac2 import _compat, messages
 from sac2.debug_trace import OpTrace
 from sac2.invariants import InternalError
 from sac2.notices import count_forward
+from sac2.saved_versions import SavedVersions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -165,7 +166,7 @@ class Frame:
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
         "generators", "input_ids", "input_strides", "devices", "autocast", "device_context", "stores",
-        "completed", "ignore_mismatch", "trace", "user_hooks", "end_versions", "hooks_keep",
+        "completed", "ignore_mismatch", "trace",
     )
 
     def __init__(
@@ -184,20 +185,8 @@ class Frame:
         self.check = determinism_check == "default"
         self.holders: list[weakref.ref[_Holder]] = []
         self.metas: list[Meta] = []
-        #: Per position: a witness of the saved tensor's version counter (``_compat.version_witness``, else a weak
-        #: reference to the tensor) and its version when saved, for autograd's in-place check (rule 3); None under
-        #: ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed.
-        self.versions: list[tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None] | None] | None = (
-            None if _compat.mutation_on_saved_tensors_allowed() else []
-        )
-        #: The user's saved-tensor hooks in scope, which decide what a tensor written after it was saved gives
-        #: backward without checkpointing (rule 3a): the written values where they keep the tensor itself
-        #: (``save_on_cpu`` on a CPU tensor), the saved ones where they copy.
-        self.user_hooks = _compat.user_saved_tensors_hooks()
-        #: Under those hooks: each position's version when the forward ended; whether the hooks keep references,
-        #: by device.
-        self.end_versions: list[int | None] | None = None
-        self.hooks_keep: dict[torch.device, bool] = {}
+        #: The saved tensors' versions, for autograd's in-place check (rules 3 and 3a).
+        self.versions = SavedVersions()
         self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
         self.ignore_mismatch = False
@@ -218,7 +207,7 @@ class Frame:
     def hooks(self) -> tuple[Callable[[Tensor], _Holder], Callable[[_Holder], Tensor]]:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
         hooks in its graph): only the unpack hook does."""
-        holders, metas, versions, check = self.holders, self.metas, self.versions, self.check
+        holders, metas, versions, check = self.holders, self.metas, self.versions.entries, self.check
         ref, new, version, witness = weakref.ref, _Holder.__new__, _compat.version, _compat.version_witness
         # The inputs are saved as autograd saves tensors (see __init__): autograd checks their versions itself.
         inputs = self.input_ids
@@ -240,7 +229,7 @@ class Frame:
 
     def unpack(self, h: _Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
-        self._check_version(h.index, here=True)
+        self.versions.check(h.index, here=True)
         gid = _compat.graph_task()
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
             t = self.recompute()[h.index]
@@ -257,62 +246,14 @@ class Frame:
             raise InternalError(messages.internal_error(messages.SLOT_UNFILLED))
         return t
 
-    def _check_version(self, i: int, here: bool) -> None:
-        """autograd's error if the tensor saved at position ``i`` was written in place since (rule 3); ``here``:
-        the node being run is the one unpacking it (named in the error)."""
-        entry = self.versions[i] if self.versions is not None else None
-        if entry is None:
-            return
-        saved, packed_version, shape = entry
-        x = saved if isinstance(saved, Tensor) else saved()
-        if x is None or _compat.version(x) == packed_version:
-            return
-        tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
-        if self.user_hooks is None:
-            node = _compat.current_node_name() if here else None
-            raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, i))
-        ended = self.end_versions[i] if self.end_versions is not None else packed_version
-        if _compat.version(x) != ended and self._hooks_keep(x.device):  # rule 3a: recompute cannot write it again
-            raise RuntimeError(messages.saved_tensor_written_after_forward(tensor, i))
-
     def end_forward(self) -> None:
-        """The forward is done: under the user's hooks, note which saved tensors it wrote into after saving them."""
         self.completed = True
-        if self.user_hooks is None or self.versions is None:
-            return
-        version = _compat.version
-        self.end_versions = []
-        for entry in self.versions:
-            x = None if entry is None else entry[0] if isinstance(entry[0], Tensor) else entry[0]()
-            self.end_versions.append(None if x is None else version(x))
-
-    def _written_in_forward(self) -> list[int]:
-        """Positions whose tensor the forward wrote into after saving it (known under the user's hooks only)."""
-        if self.end_versions is None or self.versions is None:
-            return []
-        return [
-            i for i, (entry, ended) in enumerate(zip(self.versions, self.end_versions, strict=True))
-            if entry is not None and ended is not None and ended != entry[1]
-        ]  # fmt: skip
-
-    def _hooks_keep(self, device: torch.device) -> bool:
-        """Whether the user's hooks hand back the tensor they were given (not a copy), probed once per device with
-        a one-element tensor."""
-        keep = self.hooks_keep.get(device)
-        if keep is None and self.user_hooks is not None:
-            pack, unpack = self.user_hooks
-            with _compat.no_modes(), torch.no_grad():
-                probe = torch.zeros(1, device=device)
-                back: object = unpack(pack(probe))
-            keep = self.hooks_keep[device] = (
-                isinstance(back, Tensor) and _compat.storage_id(back) == _compat.storage_id(probe)
-            )
-        return bool(keep)
+        self.versions.end_forward()
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
         store: Store = [None] * len(self.holders)
-        early_stop, copy_at, replayed = self._replaying_writes()
+        early_stop, copy_at, replayed = self.versions.replaying_writes(self.early_stop)
         pack, count = self._recompute_hook(store, early_stop, copy_at)
         inputs = [
             _compat.restrided(_compat.unpack_saved_tensor(a), stride)
@@ -340,29 +281,10 @@ class Frame:
                 # A saved tensor written in place (resize_) explains the mismatch: autograd's error says so.
                 for i, holder in enumerate(self.holders):
                     if holder() is not None:
-                        self._check_version(i, here=False)
+                        self.versions.check(i, here=False)
                 self._explain(error)
                 raise
         return store
-
-    def _replaying_writes(self) -> tuple[bool, frozenset[int], frozenset[int]]:
-        """Rule 3a, for a tensor the forward wrote into after saving it under the user's hooks: where the hooks keep
-        the tensor itself, recompute runs to the end (no early stop) so the same writes reach the recomputed one;
-        where they copy, recompute keeps a copy at that position. Returns (early stop, positions to copy,
-        positions where recompute replays the write)."""
-        written = self._written_in_forward()
-        if not written or self.versions is None:
-            return self.early_stop, frozenset(), frozenset()
-        copy, replayed, early_stop = set(), set(), self.early_stop
-        for i in written:
-            entry = self.versions[i]
-            x = None if entry is None else entry[0] if isinstance(entry[0], Tensor) else entry[0]()
-            if x is not None and self._hooks_keep(x.device):
-                early_stop = False
-                replayed.add(i)
-            else:
-                copy.add(i)
-        return early_stop, frozenset(copy), frozenset(replayed)
 
     def _recompute_hook(
         self, store: Store, early_stop: bool, copy_at: frozenset[int]

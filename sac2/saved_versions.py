@@ -1,0 +1,105 @@
+"""The versions of the tensors a checkpoint frame stands in for: autograd's in-place check, which the frame owns
+because it keeps no saved tensor (frame rules 3 and 3a).
+
+Without checkpointing, autograd raises when a tensor it saved was written in place before backward read it. The
+frame saves positions, so it keeps, per position, a witness of the tensor's version counter (no storage) and the
+version it packed. Under the user's saved-tensor hooks autograd checks nothing: backward reads whatever the hooks
+kept, the written values where they keep the tensor itself (``save_on_cpu`` on a CPU tensor), the saved ones where
+they copy; recompute then replays the write, or keeps a copy, to give the same.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from sac2 import _compat, messages
+
+__all__ = ["SavedVersions", "Entry"]
+
+Tensor = torch.Tensor
+#: A position's witness (``_compat.version_witness``, else a weak reference to the tensor), its version when
+#: saved, and its shape where the witness has none; None for a checkpoint input (autograd checks it).
+Entry = tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None] | None
+
+
+class SavedVersions:
+    """Per position of one frame's forward, what the in-place check needs (``entries``, appended to by the frame's
+    pack hook; None under ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed)."""
+
+    __slots__ = ("entries", "user_hooks", "end_versions", "hooks_keep")
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] | None = None if _compat.mutation_on_saved_tensors_allowed() else []
+        #: The user's saved-tensor hooks in scope when the forward started.
+        self.user_hooks = _compat.user_saved_tensors_hooks()
+        #: Under those hooks: each position's version when the forward ended.
+        self.end_versions: list[int | None] | None = None
+        #: Whether the hooks hand back the tensor they were given, by device (probed when first needed).
+        self.hooks_keep: dict[torch.device, bool] = {}
+
+    def check(self, i: int, here: bool) -> None:
+        """autograd's error if the tensor saved at position ``i`` was written in place since (rule 3), naming the
+        backward node running when ``here`` (it is the one unpacking it); under the user's hooks, sac2's error for
+        a write after the forward into a tensor they keep by reference, which recompute cannot make again (3a)."""
+        entry = self.entries[i] if self.entries is not None else None
+        if entry is None:
+            return
+        saved, packed_version, shape = entry
+        x = saved if isinstance(saved, Tensor) else saved()
+        if x is None or _compat.version(x) == packed_version:
+            return
+        tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
+        if self.user_hooks is None:
+            node = _compat.current_node_name() if here else None
+            raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, i))
+        ended = self.end_versions[i] if self.end_versions is not None else packed_version
+        if _compat.version(x) != ended and self._hooks_keep(x.device):
+            raise RuntimeError(messages.saved_tensor_written_after_forward(tensor, i))
+
+    def end_forward(self) -> None:
+        """The forward is done: under the user's hooks, note each position's version (a later change is a write
+        after the forward)."""
+        if self.user_hooks is None or self.entries is None:
+            return
+        self.end_versions = [None if x is None else _compat.version(x) for x in map(_tensor, self.entries)]
+
+    def replaying_writes(self, early_stop: bool) -> tuple[bool, frozenset[int], frozenset[int]]:
+        """Rule 3a, for each tensor the forward wrote into after saving it under the user's hooks: where they keep
+        the tensor itself, recompute runs to the end (no early stop) so the same writes reach the recomputed one;
+        where they copy, recompute keeps a copy at that position. Returns (early stop, positions to copy,
+        positions whose write recompute replays)."""
+        if self.end_versions is None or self.entries is None:
+            return early_stop, frozenset(), frozenset()
+        copy, replayed = set(), set()
+        for i, (entry, ended) in enumerate(zip(self.entries, self.end_versions, strict=True)):
+            x = _tensor(entry)
+            if entry is None or x is None or ended is None or ended == entry[1]:
+                continue
+            if self._hooks_keep(x.device):
+                replayed.add(i)
+            else:
+                copy.add(i)
+        return early_stop and not replayed, frozenset(copy), frozenset(replayed)
+
+    def _hooks_keep(self, device: torch.device) -> bool:
+        """Whether the user's hooks hand back the tensor they were given (not a copy), probed once per device with
+        a one-element tensor."""
+        keep = self.hooks_keep.get(device)
+        if keep is None and self.user_hooks is not None:
+            pack, unpack = self.user_hooks
+            with _compat.no_modes(), torch.no_grad():
+                probe = torch.zeros(1, device=device)
+                back: object = unpack(pack(probe))
+            keep = self.hooks_keep[device] = (
+                isinstance(back, Tensor) and _compat.storage_id(back) == _compat.storage_id(probe)
+            )
+        return bool(keep)
+
+
+def _tensor(entry: Entry) -> Tensor | None:
+    """The witness (or the live tensor) of ``entry``, if any."""
+    if entry is None:
+        return None
+    return entry[0] if isinstance(entry[0], Tensor) else entry[0]()
