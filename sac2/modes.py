@@ -22,10 +22,11 @@ import torch
 
 from sac2 import _compat, dispatch_flags, keys, messages, writes
 from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, PolicyFn, SaveList, decide, op_name
+from sac2.draws import rng_before, rng_moved
 from sac2.invariants import InternalError
 from sac2.notices import count_forward, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
-from sac2.record import Record, Saved, rng_before, rng_moved
+from sac2.record import Record, Saved
 from sac2.region_record import record_region, replay_region
 from sac2.tracing import Tracer
 

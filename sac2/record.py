@@ -22,11 +22,12 @@ import torch
 from sac2 import _compat, messages, offload, writes
 from sac2._compat import tree_map
 from sac2.answers import op_name
+from sac2.draws import GeneratorState
 from sac2.invariants import InternalError
 from sac2.keys import Key
 from sac2.notices import warn_once
 
-__all__ = ["Saved", "Record", "rng_before", "rng_moved", "GeneratorState"]
+__all__ = ["Saved", "Record"]
 
 Tensor = torch.Tensor
 Written = tuple[tuple[writes.Path, Tensor], ...]
@@ -34,7 +35,6 @@ Hooks = _compat.HookPair
 _detach = _compat.detach_keeping_version
 
 #: (generator, state before the op, state after it): serving moves the generator only from before to after.
-GeneratorState = tuple[torch.Generator, Tensor, Tensor]
 
 #: ``Saved.offload`` of an entry answered CPU_OFFLOAD whose forward is still running.
 PENDING = "pending"
@@ -389,34 +389,6 @@ class Record:
         for entry in self.served:
             entry.record_versions()
         self.served = []
-
-
-def rng_before(
-    info_random: bool, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[torch.Generator, Tensor] | None:
-    """The generator a random op or HOP is about to draw from, and its state now (None for ops that draw nothing)."""
-    if not info_random:
-        return None
-    gen: torch.Generator = kwargs.get("generator") or _compat.default_generator(_device_of(args, kwargs))
-    return gen, gen.get_state()
-
-
-def rng_moved(before: tuple[torch.Generator, Tensor] | None) -> GeneratorState | None:
-    """(generator, state before the call, state after it), or None when the call drew nothing (a region or HOP
-    without random ops), which then costs nothing to serve."""
-    if before is None:
-        return None
-    gen, state = before
-    after = gen.get_state()
-    return None if torch.equal(after, state) else (gen, state, after)
-
-
-def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:
-    for x in args:
-        if isinstance(x, Tensor):
-            return x.device
-    device = kwargs.get("device")
-    return torch.device(device) if device is not None else torch.device("cpu")
 
 
 def _detached(out: Any, written: dict[int, writes.Path], tensors: list[Tensor]) -> Any:

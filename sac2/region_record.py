@@ -21,10 +21,11 @@ import torch
 
 from sac2 import _compat, messages, writes
 from sac2.answers import SaveList, op_name
+from sac2.draws import rng_before, rng_moved
 from sac2.invariants import InternalError
 from sac2.keys import PolicyOp, Region
 from sac2.notices import count_forward, warn_once
-from sac2.record import Record, Saved, rng_before, rng_moved
+from sac2.record import Record, Saved
 
 if TYPE_CHECKING:
     from typing_extensions import Self
