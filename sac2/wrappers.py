@@ -72,13 +72,13 @@ class ActivationWrapper(nn.Module):
             yield name.replace(_PREFIX, ""), param
 
 
-def _strip_prefix(
-    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+def _strip_prefix(  # a state_dict post-hook: torch passes every argument by position
+    _module: nn.Module, state_dict: dict[str, Any], prefix: str, _local_metadata: dict[str, Any]
 ) -> None:
     _replace_prefix(state_dict, prefix + _PREFIX, prefix)
 
 
-def _add_prefix(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+def _add_prefix(_module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
     _replace_prefix(state_dict, prefix, prefix + _PREFIX)
 
 

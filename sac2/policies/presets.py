@@ -139,7 +139,9 @@ class _LLM:
         # keeps its id from being reused.
         self._known: dict[int, tuple[PolicyOp, bool]] = {id(op): (op, True) for op in ops}
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(
+        self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any  # noqa: ARG002 (policy's)
+    ) -> CheckpointPolicy:
         if type(op) is Region:
             return MUST_SAVE
         known = self._known.get(id(op))
@@ -228,7 +230,9 @@ class _RecomputeLinears:
     def __init__(self, shapes: frozenset[tuple[int, ...]]) -> None:
         self.shapes = shapes
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(
+        self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any  # noqa: ARG002 (policy's)
+    ) -> CheckpointPolicy:
         if op in _LINEAR_MATMULS and _weight_shape(op, args) in self.shapes:
             return MUST_RECOMPUTE
         return PREFER_RECOMPUTE
