@@ -164,7 +164,7 @@ def models(names: list[str], smoke: bool) -> tuple[list[Model], list[str]]:
 # --- rows ---------------------------------------------------------------------------------------------------------
 
 
-def _stock(model: nn.Module, blocks: nn.Module) -> None:
+def _stock(blocks: nn.Module) -> None:
     """torch's own checkpoint_wrapper around each block, torch's SAC contexts, sac2's llm() save list."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -229,9 +229,9 @@ def _remat_hf_attention(model: nn.Module, saved: Callable[..., Any]) -> None:
 def row_setups(hf: bool) -> dict[str, Callable[[nn.Module, nn.Module], None]]:
     """Row name -> what it does to its copy of the model (given the copy and its block container)."""
     setups: dict[str, Callable[[nn.Module, nn.Module], None]] = {
-        "none": lambda m, b: None,
+        "none": lambda _m, _b: None,
         "full AC": lambda m, b: sac2.apply_ac(m, "full", blocks=b),
-        STOCK: lambda m, b: _stock(m, b),
+        STOCK: lambda _m, b: _stock(b),
         "sac2 op list": lambda m, b: sac2.apply_ac(m, "selective", blocks=b),
     }
     for label, save in SAVES.items():

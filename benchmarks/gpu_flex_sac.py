@@ -115,7 +115,7 @@ class Block(nn.Module):
 
     def __init__(self, cfg: Config, attend: Callable, keep: Callable[[Callable, str], Callable] | None) -> None:
         super().__init__()
-        self.n_heads, self.attend, self.keep = cfg.n_heads, attend, keep or (lambda fn, name: fn)
+        self.n_heads, self.attend, self.keep = cfg.n_heads, attend, keep or (lambda fn, _name: fn)
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.o = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.up = nn.Linear(cfg.dim, 2 * 4 * cfg.dim, bias=False)
@@ -153,7 +153,7 @@ def document_causal_mask(cfg: Config, device: torch.device) -> BlockMask:
     doc[cuts] = 1
     doc = doc.cumsum(0).to(device)
 
-    def mask_mod(b, h, q, kv):
+    def mask_mod(_b, _h, q, kv):
         return (doc[q] == doc[kv]) & (q >= kv)
 
     return create_block_mask(mask_mod, None, None, cfg.seq_len, cfg.seq_len, device=str(device))

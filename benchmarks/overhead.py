@@ -45,7 +45,7 @@ def _chain(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _save_nothing(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> tuc.CheckpointPolicy:
+def _save_nothing(_ctx: Any, _op: Any, *args: Any, **kwargs: Any) -> tuc.CheckpointPolicy:
     return tuc.CheckpointPolicy.PREFER_RECOMPUTE
 
 

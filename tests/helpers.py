@@ -133,8 +133,8 @@ def _counted(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.clone()
 
 
-_counted.register_fake(lambda x, name: torch.empty_like(x))
-_counted.register_autograd(lambda ctx, grad: (grad, None))
+_counted.register_fake(lambda x, _name: torch.empty_like(x))
+_counted.register_autograd(lambda _ctx, grad: (grad, None))
 
 
 def counted_op(name: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], int]]:
@@ -160,7 +160,7 @@ def scaling_op(qualname: str, runs: dict[str, int], scale: float) -> Callable[[t
         return x * scale
 
     op.register_fake(lambda x: torch.empty_like(x))
-    op.register_autograd(lambda ctx, grad: grad * scale)
+    op.register_autograd(lambda _ctx, grad: grad * scale)
     return op
 
 

@@ -230,7 +230,7 @@ class TestOptions(TestCase):
 
     def test_an_output_without_a_tensor_needs_a_loss_fn(self):
         class Nothing(Model):
-            def forward(self, x: torch.Tensor) -> str:
+            def forward(self, _x: torch.Tensor) -> str:
                 return "no tensor"
 
         with self.assertRaises(TypeError) as e:

@@ -30,7 +30,7 @@ def _input() -> torch.Tensor:
     return torch.randn(2, 8, 32, requires_grad=True)
 
 
-def _save_all(ctx, op, *args, **kwargs):
+def _save_all(_ctx, _op, *args, **kwargs):
     return sac2.CheckpointPolicy.MUST_SAVE
 
 

@@ -55,7 +55,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def _policy(ctx, op, *args, **kwargs) -> sac2.CheckpointPolicy:
+def _policy(_ctx, op, *args, **kwargs) -> sac2.CheckpointPolicy:
     if op is SAVED or isinstance(op, sac2.Region):
         return sac2.CheckpointPolicy.MUST_SAVE
     if op is RECOMPUTED:

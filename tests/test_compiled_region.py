@@ -27,7 +27,7 @@ NO_FLAGS = (False, False, False)
 counted, counted_runs = counted_op("test_compiled_region")
 
 
-def _recompute_all(ctx, op, *args, **kwargs) -> bool:
+def _recompute_all(_ctx, _op, *args, **kwargs) -> bool:
     return False
 
 
@@ -61,7 +61,7 @@ class TestCompiledRegion(TestCase):
     def test_sac2_sees_no_dispatch_of_the_body(self):
         seen = []
 
-        def policy(ctx, op, *args, **kwargs):
+        def policy(_ctx, op, *args, **kwargs):
             seen.append(str(op))
             return False
 
@@ -245,7 +245,7 @@ def _block(x: torch.Tensor) -> torch.Tensor:
     return (_attn(x.cos()) * x).exp().sum()
 
 
-def _saving_regions(ctx, op, *args, **kwargs) -> bool:
+def _saving_regions(_ctx, op, *args, **kwargs) -> bool:
     return isinstance(op, sac2.Region)
 
 
@@ -289,7 +289,7 @@ class TestRegion(TestCase):
     def _region_names(self, fn: Callable) -> list[str]:
         seen = []
 
-        def policy(ctx, op, *args, **kwargs):
+        def policy(_ctx, op, *args, **kwargs):
             seen.append(op)
             return False
 

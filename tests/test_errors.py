@@ -20,7 +20,7 @@ aten = torch.ops.aten
 
 
 def _returning(value: Any) -> Callable:
-    return lambda ctx, op, *args, **kwargs: value
+    return lambda _ctx, _op, *args, **kwargs: value
 
 
 # Flipped between forward and backward to make recompute run other ops than forward did.

@@ -750,7 +750,7 @@ def test_a_forward_context_that_swallows_the_forwards_error():
     def scenario():
         before = _state()
         try:
-            ckpt(lambda a: 1 / 0, x_(), context_fn=lambda: (Swallow(), contextlib.nullcontext()))
+            ckpt(lambda _a: 1 / 0, x_(), context_fn=lambda: (Swallow(), contextlib.nullcontext()))
         finally:
             assert _state() == before
 
@@ -905,7 +905,7 @@ def test_an_error_in_backward_leaves_no_state_behind():
             return x.clone()
 
         @staticmethod
-        def backward(ctx, grad):
+        def backward(ctx, _grad):
             _ = ctx.saved_tensors  # unpacks, so the recompute ran before the error
             raise Boom("backward")
 

@@ -50,7 +50,7 @@ def test_no_dispatch_mode_runs_in_forward_or_recompute():
     modes: list[int] = []
     for block in model.blocks:
         for module in block._checkpoint_wrapped_module.children():
-            module.register_forward_pre_hook(lambda mod, args: modes.append(torch._C._len_torch_dispatch_stack()))
+            module.register_forward_pre_hook(lambda _mod, _args: modes.append(torch._C._len_torch_dispatch_stack()))
     model(*_batch()).backward()
     assert len(modes) > 2 * 7 and set(modes) == {0}  # each submodule call in forward, and those recompute ran
 

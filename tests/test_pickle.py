@@ -30,7 +30,7 @@ def flash_attn_fwd(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-flash_attn_fwd.register_autograd(lambda ctx, g: g * 2)
+flash_attn_fwd.register_autograd(lambda _ctx, g: g * 2)
 
 _callable = InductorCompiledCallable(lambda inputs: [inputs[0].sin()], compile_region_name="compiled")
 inductor_code_side_table.add_callable(_callable)
@@ -68,7 +68,7 @@ def _recorded_calls(block: nn.Module) -> list[tuple]:
     """(op, args, kwargs) of every op call sac2's forward mode asks a policy about, in one forward of ``block``."""
     calls = []
 
-    def recording(ctx, op, *args, **kwargs):
+    def recording(_ctx, op, *args, **kwargs):
         calls.append((op, args, kwargs))
         return sac2.CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -39,7 +39,7 @@ def test_the_last_backward_leaves_only_keys_in_the_record():
 
 
 def test_a_cpu_offload_entry_on_cpu_tensors_is_an_ordinary_saved_entry():
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_CPU_OFFLOAD if op is COUNTED else CheckpointPolicy.PREFER_RECOMPUTE
 
     mode, _ = sac2.create_selective_checkpoint_contexts(policy)
@@ -74,7 +74,7 @@ def test_a_keyed_op_met_while_tracing_is_recorded_and_replayed_under_its_replay_
 
     graph = torch.fx.symbolic_trace(lambda a: [a.sin()])
     compiled = InductorCompiledCallable(lambda inputs: [inputs[0].sin()], graph, compile_region_name="attn")
-    forward, recompute = sac2.create_selective_checkpoint_contexts(lambda ctx, op, *args, **kwargs: False)
+    forward, recompute = sac2.create_selective_checkpoint_contexts(lambda _ctx, _op, *args, **kwargs: False)
     forward.ac_graph_id = 0
     keys = []
 

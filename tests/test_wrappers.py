@@ -125,7 +125,7 @@ class TestCheckpointWrapper(TestCase):
     def test_context_fn_runs_sac2_policy(self):
         seen = []
 
-        def policy(ctx, op, *args, **kwargs):
+        def policy(_ctx, op, *args, **kwargs):
             seen.append(op)
             return sac2.CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -243,7 +243,7 @@ def lightning_train(checkpointing: bool) -> Result:
             if checkpointing:
                 sac2.apply_ac(self.model, "selective")
 
-        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:  # noqa: ARG002 (Lightning's hook)
             loss = self.model(input_ids=batch, labels=batch, use_cache=False).loss
             self.losses.append(loss.detach().clone())
             return loss

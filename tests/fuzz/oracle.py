@@ -308,7 +308,7 @@ def diff(ref: Outcome, got: Outcome, rng: torch.Tensor, close: bool = False) -> 
 #: the forward. Not listed, so never excused: "recompute diverged" (no case is nondeterministic: the oracle runs it
 #: twice first).
 _DOCUMENTED: tuple[tuple[re.Pattern, Callable[[Program], bool]], ...] = (
-    (re.compile(r"a policy must return a CheckpointPolicy member or a bool"), lambda program: True),
+    (re.compile(r"a policy must return a CheckpointPolicy member or a bool"), lambda _program: True),
     (re.compile(r"modified in place after the checkpointed forward ended"), lambda program: bool(program.epilogue)),
 )
 
@@ -381,7 +381,7 @@ def resolve_policy(program: Program) -> Program:
         return program
     seen: list[str] = []
 
-    def probe(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def probe(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         key = op_key(op)
         if key not in seen:
             seen.append(key)

@@ -46,9 +46,10 @@ def _scale(x: torch.Tensor, s: float) -> torch.Tensor:
     return x * s
 
 
-_scale.register_fake(lambda x, s: torch.empty_like(x))
+_scale.register_fake(lambda x, _s: torch.empty_like(x))
 _scale.register_autograd(
-    lambda ctx, grad: (grad * ctx.s, None), setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1])
+    lambda ctx, grad: (grad * ctx.s, None),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]),  # noqa: ARG005 (passed by keyword)
 )
 
 
@@ -218,7 +219,7 @@ class HashPolicy:
 
     salt: int
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, _ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor) and not a.is_nested]
         return _CHOICES[zlib.crc32(f"{self.salt}|{op_key(op)}|{shapes}".encode()) % len(_CHOICES)]
 
@@ -233,7 +234,7 @@ class EveryK:
     def __post_init__(self) -> None:
         self.counts: dict[int, int] = {}
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, ctx: Any, _op: Any, *args: Any, **kwargs: Any) -> Any:
         n = self.counts.get(id(ctx), 0)
         self.counts[id(ctx)] = n + 1
         return CheckpointPolicy.MUST_SAVE if (n + self.offset) % self.k == 0 else CheckpointPolicy.PREFER_RECOMPUTE
@@ -257,7 +258,7 @@ class Answers:
     def __post_init__(self) -> None:
         self._by_key = {k: getattr(CheckpointPolicy, v) for k, v in self.answers.items()}
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, _ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         return self._by_key.get(op_key(op), CheckpointPolicy.PREFER_RECOMPUTE)
 
 
@@ -267,7 +268,7 @@ class Constant:
 
     answer: Any
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, _ctx: Any, _op: Any, *args: Any, **kwargs: Any) -> Any:
         return self.answer
 
 
@@ -513,7 +514,7 @@ class Gen:
         self.vars.append(v)
         return v
 
-    def pick(self, pred: Callable[[Var], bool] = lambda v: True) -> Var | None:
+    def pick(self, pred: Callable[[Var], bool] = lambda _v: True) -> Var | None:
         cands = [v for v in self.vars if pred(v)]
         if not cands:
             return None

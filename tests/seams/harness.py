@@ -159,7 +159,7 @@ def _hf() -> Problem:
         """The first decoder layer and its arguments, as a forward of the model calls it."""
         seen: dict[str, Any] = {}
 
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             seen.update(args=args, kwargs=kwargs)
 
         handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
@@ -197,13 +197,13 @@ def problem(route: str) -> Problem:
 # ---- policies ----
 
 
-def _save_matmuls_and_gelu(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+def _save_matmuls_and_gelu(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     if op in MATMULS or op is aten.gelu.default:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _offload_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+def _offload_matmuls(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_CPU_OFFLOAD if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
