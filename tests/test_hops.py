@@ -332,8 +332,8 @@ def compiled():
     """Two tiny compiled regions named "attn" and "mlp", run as ``inductor_compiled_code`` under a mode."""
     import torch._inductor.config as inductor_config
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(inductor_config, "wrap_inductor_compiled_regions", True)
+    # torch's own patch: pytest's MonkeyPatch deletes a config module's option on undo, and a later compile fails
+    with inductor_config.patch(wrap_inductor_compiled_regions=True):
         attn = torch.compile(lambda x: counted_attn(x).sin() * 2, name="attn")
         mlp = torch.compile(lambda x: counted_mlp(x).tanh() + 1, name="mlp")
         fn = lambda x: mlp(attn(x.cos()).exp())  # noqa: E731
