@@ -100,7 +100,7 @@ def _workloads() -> dict[str, tuple[Callable[[Callable], None], int, int]]:
     def model_step(run: Callable) -> None:
         model(tokens, targets, run).backward()
 
-    out = {}
+    out: dict[str, tuple[Callable[[Callable], None], int, int]] = {}
     for name, step, iters in (("chain", chain_step, 20), ("tiny model", model_step, 3)):
         counter = _CountOps()
         with counter:
