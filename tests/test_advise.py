@@ -84,6 +84,8 @@ def _attach(request, advice):
 
 @pytest.mark.usefixtures("_attach")
 class TestAdvice(TestCase):
+    advice: advisor.Advice  # set by _attach
+
     def test_runs_every_builtin_setup_that_applies_no_checkpointing_first(self):
         self.assertEqual(
             [r.name for r in self.advice.rows],

@@ -5,6 +5,7 @@ compiles once; the rows are plain code, built in one place."""
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -35,6 +36,8 @@ def _attach(request, short_run):
 
 @pytest.mark.usefixtures("_attach")
 class TestShortRun(TestCase):
+    result: tuple[int, str, dict, Path]  # short_run's (exit code, stdout, JSON, plot path), set by _attach
+
     def test_exits_zero(self):
         self.assertEqual(self.result[0], 0)
 
