@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch import nn
@@ -247,12 +247,15 @@ def _checkpointed_forward(self: nn.Module, forward: Callable[..., Any], *args: A
 module_class.register_kind("Checkpointed", _checkpointed_forward)
 
 
+_M = TypeVar("_M", bound=nn.Module)
+
+
 def checkpoint_module(
-    module: nn.Module,
+    module: _M,
     *,
     context_fn: _compat.ContextFn = _compat.noop_context_fn,
     **checkpoint_kwargs: Any,
-) -> nn.Module:
+) -> _M:
     """Checkpoint every call of ``module`` in place: no wrapper, so parameter names and state-dict keys stay as
     they were. Returns ``module``.
 
