@@ -186,7 +186,7 @@ def exp_function(compute: Callable[[torch.Tensor], torch.Tensor]) -> type[torch.
     return Exp
 
 
-def into_buffer(write: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[[torch.Tensor], torch.Tensor]:
+def into_buffer(write: Callable[[torch.Tensor, torch.Tensor], object]) -> Callable[[torch.Tensor], torch.Tensor]:
     """``compute`` for ``exp_function``: ``write(x, out)`` fills an ``empty_like(x)`` buffer."""
 
     def compute(x: torch.Tensor) -> torch.Tensor:

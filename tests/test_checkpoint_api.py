@@ -296,7 +296,7 @@ def test_decorator_form_passes_keyword_arguments_named_like_options_to_the_funct
 class TestDecoratorErrors(TestCase):
     def test_keyword_arguments_without_a_function_raise(self) -> None:
         with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(use_reentrant=False, scale=2)
+            sac2.checkpoint(use_reentrant=False, scale=2)  # type: ignore[call-overload]  # misuse, on purpose
         self.assertExpectedInline(str(cm.exception), """Unexpected keyword arguments: scale""")
 
 

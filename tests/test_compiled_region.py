@@ -45,7 +45,7 @@ class _Foreign(TorchDispatchMode):
 
 class TestCompiledRegion(TestCase):
     def test_body_runs_with_no_sac2_mode_on_stack_and_flags_cleared(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             y = x.sin()
@@ -77,7 +77,7 @@ class TestCompiledRegion(TestCase):
         self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))  # the body ran again in recompute
 
     def test_restores_stack_and_flags_on_exit(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             before = (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
@@ -92,7 +92,7 @@ class TestCompiledRegion(TestCase):
         self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([], NO_FLAGS))
 
     def test_restores_stack_and_flags_when_the_body_raises(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             before = (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
@@ -107,7 +107,7 @@ class TestCompiledRegion(TestCase):
         self.assertEqual(seen, {"same": True})
 
     def test_nests(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             stack = _compat.dispatch_mode_stack()
@@ -174,7 +174,7 @@ class TestCompiledRegion(TestCase):
     def test_overlapping_threads_leave_the_flags_cleared(self):
         # A enters, B enters, A exits, B exits: torch's own save/restore leaves the flags stuck True here.
         a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def forward_a(x):
             a_in.set()

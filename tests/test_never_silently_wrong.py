@@ -339,7 +339,7 @@ def test_every_other_matmul_under_torch_modes_raises_instead_of_saving_every_mat
 
 def test_nested_checkpoints_sharing_one_policy_count_their_calls_apart():
     policy = sac2.policies.every_other_matmul()
-    answers = {"outer": [], "inner": []}
+    answers: dict[str, list[sac2.CheckpointPolicy]] = {"outer": [], "inner": []}
 
     def recording(name):
         def ask(ctx, op, *args, **kwargs):
@@ -367,15 +367,17 @@ def test_memory_budget_keeps_separate_counts_for_interleaved_forwards():
     block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     x = torch.randn(2, 4)
     budget = sac2.policies.memory_budget(block, (x,), 0.5, cost="flops")
-    calls = [(c.key, c.index) for c in budget.profile.calls]
-    alone = [budget(ForwardContext(), key) for key, _ in calls[:1]]
+    keys = [c.key for c in budget.profile.calls]
+    ops = [k for k in keys if isinstance(k, torch._ops.OpOverload)]
+    assert ops == keys  # each call's key is its op, what a policy is asked about
+    alone = [budget(ForwardContext(), op) for op in ops[:1]]
     outer, inner = ForwardContext(), ForwardContext()
     interleaved = []
-    for key, _ in calls:
-        interleaved.append(budget(outer, key))
-        budget(inner, key)  # another forward in between does not reset the first one's counts
+    for op in ops:
+        interleaved.append(budget(outer, op))
+        budget(inner, op)  # another forward in between does not reset the first one's counts
     fresh = ForwardContext()
-    assert interleaved == [budget(fresh, key) for key, _ in calls] and alone[0] == interleaved[0]
+    assert interleaved == [budget(fresh, op) for op in ops] and alone[0] == interleaved[0]
 
 
 # ---- 6. regions: CPU_OFFLOAD and a policy's TypeError ----
@@ -475,7 +477,7 @@ class _Cache:
     """A KV cache as transformers' DynamicCache fills it: set up on the first call, appended to after."""
 
     def __init__(self) -> None:
-        self.keys = None
+        self.keys: torch.Tensor | None = None
 
     def update(self, k: torch.Tensor) -> torch.Tensor:
         if self.keys is None:

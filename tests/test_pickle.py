@@ -7,6 +7,7 @@ recorded sequence of op calls before and after a ``pickle`` round trip; the answ
 import functools
 import io
 import pickle
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -128,7 +129,7 @@ class TestPoliciesPickle(TestCase):
 
 class TestContextFnPickles(TestCase):
     def test_partial_over_a_list_rebuilds_the_same_ops_and_checkpoints(self):
-        ops = [aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention]
+        ops: list[Any] = [aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention]  # ops and a HOP
         context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, ops))
         for loaded, op in zip(context_fn.args[0], ops, strict=True):
             self.assertIs(loaded, op)

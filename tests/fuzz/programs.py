@@ -880,14 +880,14 @@ def k_index_write(g: Gen) -> list[str] | None:
         ]
     )
     c = g.pick(lambda v: v.shape == a.shape and v.dtype == dt and v is not buf)
-    read, shape = g.rng.choice(
+    read, out_shape = g.rng.choice(
         [
             (f"{buf.name} * {c.name}", a.shape),
             (f"torch.tanh({buf.name})", a.shape),
             (f"{buf.name} @ {c.name}.t()", (rows, rows)),
         ]
     )
-    out = g.new(shape, dt)
+    out = g.new(out_shape, dt)
     g.freeze(src, buf, c, out)
     return [f"{buf.name} = {make}", write, f"{out.name} = {read}"]
 
@@ -1376,9 +1376,10 @@ def generate(seed: int, new_kinds: bool = True) -> Program:
         g = Gen(rng, dtype)
         g.excluded = frozenset() if new_kinds else frozenset(NEW_KINDS)
         inputs = []
-        for i, shape in enumerate(
-            rng.choice([[(D, D), (D, D)], [(D, D), (2, D, D), (D, D)], [(D,), (D, D)], [(2, D, D), (D,), (D, D)]])
-        ):
+        layouts: list[list[tuple[int, ...]]] = [
+            [(D, D), (D, D)], [(D, D), (2, D, D), (D, D)], [(D,), (D, D)], [(2, D, D), (D,), (D, D)]
+        ]
+        for i, shape in enumerate(rng.choice(layouts)):
             v = g.new(shape, dtype)
             v.name = f"x{i}"
             inputs.append(InputSpec(v.name, shape, dtype, requires_grad=rng.random() < 0.9))
