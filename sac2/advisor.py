@@ -222,7 +222,7 @@ def block_memory_budget(model: nn.Module, example_inputs: Any, budget: float | i
     return memory_budget(functools.partial(block, **kwargs), args, budget, cost="flops")
 
 
-def candidates_for(model: nn.Module, example_inputs: Any) -> list[Candidate]:  # noqa: ARG001 (public: none uses it yet)
+def candidates_for(model: nn.Module, example_inputs: Any) -> list[Candidate]:  # noqa: ARG001 (public; no setup reads it yet)
     """Every built-in candidate setup, no checkpointing first; ``advise`` skips those that do not apply to the model
     (``apply_ac`` raises: e.g. ``save=["experts"]`` on a model without experts)."""
     out = [
