@@ -66,7 +66,7 @@ class Model:
     name: str
     describe: str
     build: Callable[[], nn.Module]
-    blocks: Callable[[nn.Module], nn.Module]
+    blocks: Callable[[Any], nn.Module]  # given the built model (a transformers or torchtitan one: untyped)
     loss: Callable[[nn.Module], torch.Tensor]
     hf: bool
 
@@ -164,7 +164,7 @@ def models(names: list[str], smoke: bool) -> tuple[list[Model], list[str]]:
 # --- rows ---------------------------------------------------------------------------------------------------------
 
 
-def _stock(model: nn.Module, blocks: nn.Module) -> None:
+def _stock(blocks: nn.Module) -> None:
     """torch's own checkpoint_wrapper around each block, torch's SAC contexts, sac2's llm() save list."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -212,7 +212,7 @@ def _remat(model: nn.Module, blocks: nn.Module, save: list[str] | None, hf: bool
         block.forward = remat.checkpoint(region_name=f"block {index}")(own(block))
 
 
-def _remat_hf_attention(model: nn.Module, saved: Callable[..., Any]) -> None:
+def _remat_hf_attention(model: Any, saved: Callable[..., Any]) -> None:
     """transformers' attention function, registered again as a saved torch_remat region (and its mask function
     under the new name too, or transformers builds no mask for it)."""
     from transformers import AttentionInterface
@@ -226,12 +226,12 @@ def _remat_hf_attention(model: nn.Module, saved: Callable[..., Any]) -> None:
     model.set_attn_implementation(name)
 
 
-def row_setups(hf: bool) -> dict[str, Callable[[nn.Module, nn.Module], None]]:
+def row_setups(hf: bool) -> dict[str, Callable[[nn.Module, nn.Module], object]]:
     """Row name -> what it does to its copy of the model (given the copy and its block container)."""
-    setups: dict[str, Callable[[nn.Module, nn.Module], None]] = {
-        "none": lambda m, b: None,
+    setups: dict[str, Callable[[nn.Module, nn.Module], object]] = {
+        "none": lambda _m, _b: None,
         "full AC": lambda m, b: sac2.apply_ac(m, "full", blocks=b),
-        STOCK: lambda m, b: _stock(m, b),
+        STOCK: lambda _m, b: _stock(b),
         "sac2 op list": lambda m, b: sac2.apply_ac(m, "selective", blocks=b),
     }
     for label, save in SAVES.items():
@@ -325,7 +325,8 @@ def plot(results: dict[str, list[Row]], path: str, title: str) -> None:
         for i, r in enumerate(rows):
             ax.scatter(*points[i], marker=markers[i % len(markers)], zorder=3, label=r.name)
         front = [points[i] for i in pareto_front(points)]
-        ax.scatter(*zip(*front, strict=True), s=220, facecolors="none", edgecolors="black", linewidths=1.2, zorder=2,
+        front_ms, front_kept = zip(*front, strict=True)
+        ax.scatter(front_ms, front_kept, s=220, facecolors="none", edgecolors="black", linewidths=1.2, zorder=2,
                    label="Pareto front (no row faster and keeping less)")
         stock = next(p for p, r in zip(points, rows, strict=True) if r.name == STOCK)
         ax.fill_between([0, stock[0]], 0, stock[1], color="tab:green", alpha=0.12, zorder=1,

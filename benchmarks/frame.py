@@ -262,8 +262,8 @@ def report(name: str, summary: dict[str, Any]) -> str:
         lines.append(f"  {mode:<30} {row['ms']:9.2f} {row['iqr']:5.0%} {row['ratio_to_none']:7.2f} {extra:>13}"
                      f"  {same}{note}")
     for label, pair in summary["pairs"].items():
-        target = f"  (target <= {pair['target']:.2f})" if pair["target"] is not None else ""
-        lines.append(f"  ratio {label}: {pair['ratio']:.2f}{target}")
+        pair_note = f"  (target <= {pair['target']:.2f})" if pair["target"] is not None else ""
+        lines.append(f"  ratio {label}: {pair['ratio']:.2f}{pair_note}")
     return "\n".join(lines)
 
 

@@ -115,7 +115,7 @@ class Block(nn.Module):
 
     def __init__(self, cfg: Config, attend: Callable, keep: Callable[[Callable, str], Callable] | None) -> None:
         super().__init__()
-        self.n_heads, self.attend, self.keep = cfg.n_heads, attend, keep or (lambda fn, name: fn)
+        self.n_heads, self.attend, self.keep = cfg.n_heads, attend, keep or (lambda fn, _name: fn)
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.o = nn.Linear(cfg.dim, cfg.dim, bias=False)
         self.up = nn.Linear(cfg.dim, 2 * 4 * cfg.dim, bias=False)
@@ -153,7 +153,7 @@ def document_causal_mask(cfg: Config, device: torch.device) -> BlockMask:
     doc[cuts] = 1
     doc = doc.cumsum(0).to(device)
 
-    def mask_mod(b, h, q, kv):
+    def mask_mod(_b, _h, q, kv):
         return (doc[q] == doc[kv]) & (q >= kv)
 
     return create_block_mask(mask_mod, None, None, cfg.seq_len, cfg.seq_len, device=str(device))
@@ -166,7 +166,7 @@ def _block_runner(mode: str) -> Callable:
     if mode == "full_ac":
         return lambda block, x, mask: tuc.checkpoint(block, x, mask, use_reentrant=False)
     if mode in ("torch_sac", "torchtitan_sac"):
-        ops = [aten.mm.default, torch.ops.higher_order.flex_attention]
+        ops: list[Any] = [aten.mm.default, torch.ops.higher_order.flex_attention]  # ops, HOPs and a Region below
         if mode == "torchtitan_sac" and _ICC is not None:
             ops.append(_ICC)
         contexts = partial(tuc.create_selective_checkpoint_contexts, ops)
@@ -185,7 +185,8 @@ def run(mode: str, cfg: Config, device: torch.device, smoke: bool) -> dict[str, 
     torch.manual_seed(0)
     # smoke: dynamo still compiles the frame, no codegen
     counter = Attend("eager" if smoke else "inductor", wrapped=mode == "torchtitan_sac")
-    attend, keep = counter, None
+    attend: Callable[..., Any] = counter
+    keep: Callable[[Callable, str], Callable] | None = None
     if mode == "sac2_sac":
         attend = sac2.region(counter, name="attn")
     elif mode == "torch_remat":

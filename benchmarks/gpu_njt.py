@@ -110,7 +110,7 @@ def run(name: str, ac: str, compiled: bool, cfg: Config, device: torch.device, s
     attend = Attention()
     blocks = nn.ModuleList(Block(cfg, attend) for _ in range(cfg.n_layers)).to(device, getattr(torch, cfg.dtype))
     wrap = _wrap(ac, smoke)
-    calls = [wrap(b) for b in blocks]
+    calls: list[Callable[..., Any]] = [wrap(b) for b in blocks]
     if compiled:
         calls = [torch.compile(c, backend=cfg.backend) for c in calls]
     x = _batch(cfg, device)

@@ -47,7 +47,7 @@ class Block(nn.Module):
 
 
 def _policy(keep: CheckpointPolicy | None):
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         return keep if keep is not None and op in KEEP else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy

@@ -45,7 +45,7 @@ def _chain(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _save_nothing(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> tuc.CheckpointPolicy:
+def _save_nothing(_ctx: Any, _op: Any, *args: Any, **kwargs: Any) -> tuc.CheckpointPolicy:
     return tuc.CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -100,7 +100,7 @@ def _workloads() -> dict[str, tuple[Callable[[Callable], None], int, int]]:
     def model_step(run: Callable) -> None:
         model(tokens, targets, run).backward()
 
-    out = {}
+    out: dict[str, tuple[Callable[[Callable], None], int, int]] = {}
     for name, step, iters in (("chain", chain_step, 20), ("tiny model", model_step, 3)):
         counter = _CountOps()
         with counter:

@@ -234,11 +234,11 @@ def block_memory_budget(model: nn.Module, example_inputs: Any, budget: float | i
     return memory_budget(functools.partial(block, **kwargs), args, budget, cost="flops")
 
 
-def candidates_for(model: nn.Module, example_inputs: Any) -> list[Candidate]:
+def candidates_for(model: nn.Module, example_inputs: Any) -> list[Candidate]:  # noqa: ARG001 (public; no setup reads it yet)
     """Every built-in candidate setup, no checkpointing first; ``advise`` skips those that do not apply to the model
     (``apply_ac`` raises: e.g. ``save=["experts"]`` on a model without experts)."""
     out = [
-        Candidate("none", "# no checkpointing", lambda model: None),
+        Candidate("none", "# no checkpointing", lambda _model: None),
         Candidate("full AC", 'sac2.apply_ac(model, mode="full")', lambda model: apply_ac(model, "full")),
         Candidate("selective llm()", 'sac2.apply_ac(model, mode="selective")  # sac2.policies.llm()',
                   lambda model: apply_ac(model, "selective")),

@@ -113,7 +113,7 @@ class SaveList:
         self.ops = frozenset(checked)
 
     def __call__(
-        self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any
+        self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any  # noqa: ARG002 (policy's)
     ) -> CheckpointPolicy:
         # As the modes' own lookup: a compiled callable given a name matches a Region of that name too.
         saved = op in self.ops or (op in KEYED_OPS and region_of(op, args) in self.ops)

@@ -160,14 +160,14 @@ class CachingMode(SacMode):
             out = op.call(*args, **kwargs)
             key = func
             if record.by_storage:
-                self._track_op(func, op, args, kwargs, out)
+                self._track_op(op, args, kwargs, out)
         else:
             before = writes.tensor_versions(args, kwargs)
             out = func(*args, **kwargs)
             key = func if kind == HOP else keys.op_key(func, args)
             if record.by_storage:
                 record.wrote([t for t, v in before if _version(t) != v])
-                record.wrote(writes.unversioned_writes(func, args, kwargs))
+                record.wrote(writes.unversioned_writes(func, kwargs))
         log = self._log
         if rng is not None and kwargs.get("generator") is not None:
             # Recompute draws again from the user's generator from this state (a saved op too: it is recomputed
@@ -187,7 +187,7 @@ class CachingMode(SacMode):
         """A view op: never saved (re-running a view is free and right); the policy is still asked."""
         out = op.call(*args, **kwargs)
         if self.record.by_storage:
-            self._track_op(func, op, args, kwargs, out)
+            self._track_op(op, args, kwargs, out)
         if self._save_ids is None:
             self.decide(func, op, args, kwargs, out, len(self._log))
         self._log.append(func)
@@ -207,7 +207,7 @@ class CachingMode(SacMode):
         return op.kind == KEYED and save_ops is not None and keys.region_of(func, args) in save_ops, False
 
     def _track_op(
-        self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+        self, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     ) -> None:
         """Tell the record what an op did to storages its saved entries hold."""
         record = self.record

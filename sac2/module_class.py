@@ -36,7 +36,7 @@ def _subclass(cls: type, kind: str) -> type:
         return wrap(self, super(new, self).forward, *args, **kwargs)  # type: ignore[arg-type]
 
     def __reduce_ex__(
-        self: nn.Module, protocol: int
+        self: nn.Module, _protocol: int
     ) -> tuple[Callable[[type, str], nn.Module], tuple[type, str], dict[str, Any]]:
         return _new_instance, (cls, kind), self.__dict__
 

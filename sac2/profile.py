@@ -95,7 +95,7 @@ def as_inputs(example_inputs: Any) -> tuple[Any, ...]:
 
 
 def _save_everything(
-    ctx: SelectiveCheckpointContext, op: keys.PolicyOp, *args: Any, **kwargs: Any
+    _ctx: SelectiveCheckpointContext, _op: keys.PolicyOp, *args: Any, **kwargs: Any
 ) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE
 
@@ -196,7 +196,7 @@ class _Profiling(CachingMode):
 
         def run_kept_noting(*a: Any, **k: Any) -> Any:  # run_kept, noting what autograd keeps in the body
             with torch.autograd.graph.saved_tensors_hooks(note, _identity):
-                return run(*a, **k)
+                return run_kept(*a, **k)
 
         out = record_region(self.record, key, True, False, run, run_kept_noting, args, kwargs)
         self.costs[n] = self.counter.total - start

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch import nn
@@ -76,13 +76,13 @@ class ActivationWrapper(nn.Module):
             yield name.replace(_PREFIX, ""), param
 
 
-def _strip_prefix(
-    module: nn.Module, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any]
+def _strip_prefix(  # a state_dict post-hook: torch passes every argument by position
+    _module: nn.Module, state_dict: dict[str, Any], prefix: str, _local_metadata: dict[str, Any]
 ) -> None:
     _replace_prefix(state_dict, prefix + _PREFIX, prefix)
 
 
-def _add_prefix(module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+def _add_prefix(_module: nn.Module, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
     _replace_prefix(state_dict, prefix, prefix + _PREFIX)
 
 
@@ -305,12 +305,15 @@ def _checkpointed_forward(self: nn.Module, forward: Callable[..., Any], *args: A
 module_class.register_kind("Checkpointed", _checkpointed_forward)
 
 
+_M = TypeVar("_M", bound=nn.Module)
+
+
 def checkpoint_module(
-    module: nn.Module,
+    module: _M,
     *,
     context_fn: _compat.ContextFn = _compat.noop_context_fn,
     **checkpoint_kwargs: Any,
-) -> nn.Module:
+) -> _M:
     """Checkpoint every call of ``module`` in place: no wrapper, so parameter names and state-dict keys stay as
     they were. Returns ``module``.
 

@@ -127,7 +127,7 @@ def writes_of(
     return []
 
 
-def unversioned_writes(func: _compat.Op, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+def unversioned_writes(func: _compat.Op, kwargs: dict[str, Any]) -> list[torch.Tensor]:
     """Tensors a HOP call wrote without bumping their version (a Triton kernel writes raw memory).
 
     Version counters cannot show such a write to a saved tensor, so the caller must compare storages.

@@ -133,8 +133,8 @@ def _counted(x: torch.Tensor, name: str) -> torch.Tensor:
     return x.clone()
 
 
-_counted.register_fake(lambda x, name: torch.empty_like(x))
-_counted.register_autograd(lambda ctx, grad: (grad, None))
+_counted.register_fake(lambda x, _name: torch.empty_like(x))
+_counted.register_autograd(lambda _ctx, grad: (grad, None))
 
 
 def counted_op(name: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[], int]]:
@@ -160,7 +160,7 @@ def scaling_op(qualname: str, runs: dict[str, int], scale: float) -> Callable[[t
         return x * scale
 
     op.register_fake(lambda x: torch.empty_like(x))
-    op.register_autograd(lambda ctx, grad: grad * scale)
+    op.register_autograd(lambda _ctx, grad: grad * scale)
     return op
 
 
@@ -186,7 +186,7 @@ def exp_function(compute: Callable[[torch.Tensor], torch.Tensor]) -> type[torch.
     return Exp
 
 
-def into_buffer(write: Callable[[torch.Tensor, torch.Tensor], None]) -> Callable[[torch.Tensor], torch.Tensor]:
+def into_buffer(write: Callable[[torch.Tensor, torch.Tensor], object]) -> Callable[[torch.Tensor], torch.Tensor]:
     """``compute`` for ``exp_function``: ``write(x, out)`` fills an ``empty_like(x)`` buffer."""
 
     def compute(x: torch.Tensor) -> torch.Tensor:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import importlib.util
 import io
 import json
 import sys
 import tempfile
+from typing import Any
 
 import pytest
 import torch
@@ -61,7 +64,8 @@ class Model(nn.Module):
         return x
 
 
-def make_model() -> tuple[nn.Module, tuple[torch.Tensor]]:
+def make_model() -> tuple[Any, tuple[torch.Tensor]]:  # Any: tests read model.layers[0].up, which nn.Module's
+    # stubs type as Tensor | Module
     """The factory ``--factory test_advise:make_model`` imports."""
     torch.manual_seed(0)
     return Model(), (torch.randn(2, 16, 32, requires_grad=True),)
@@ -84,6 +88,8 @@ def _attach(request, advice):
 
 @pytest.mark.usefixtures("_attach")
 class TestAdvice(TestCase):
+    advice: advisor.Advice  # set by _attach
+
     def test_runs_every_builtin_setup_that_applies_no_checkpointing_first(self):
         self.assertEqual(
             [r.name for r in self.advice.rows],
@@ -103,12 +109,16 @@ class TestAdvice(TestCase):
 
     def test_kept_bytes_equal_a_separate_measurement_of_each_setup(self):
         model, inputs = make_model()
+
+        def step(m: nn.Module) -> torch.Tensor:
+            return m(*inputs).float().sum()
+
         for candidate in advisor.candidates_for(model, inputs):
             if candidate.name in self.advice.skipped:
                 continue
             copy_ = copy.deepcopy(model)
             candidate.prepare(copy_)
-            memory, _ = measure_step(lambda m=copy_: m(*inputs).float().sum(), "cpu")
+            memory, _ = measure_step(functools.partial(step, copy_), "cpu")
             self.assertEqual(memory.kept, self.advice.row(candidate.name).kept_bytes, candidate.name)
 
     def test_full_ac_keeps_less_than_no_checkpointing(self):
@@ -206,7 +216,7 @@ class TestOptions(TestCase):
     def test_a_setup_that_changes_the_gradients_is_flagged_and_never_recommended(self):
         model, inputs = make_model()
 
-        def corrupt(m: nn.Module) -> None:
+        def corrupt(m: Any) -> None:  # Any: as make_model's
             with torch.no_grad():
                 m.layers[0].up.weight.mul_(2)
 
@@ -217,7 +227,7 @@ class TestOptions(TestCase):
 
     def test_the_default_loss_sums_the_first_tensor_of_a_tuple_output(self):
         class Pair(Model):
-            def forward(self, x: torch.Tensor) -> tuple[None, torch.Tensor]:
+            def forward(self, x: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]  # on purpose
                 return None, super().forward(x)
 
         _, inputs = make_model()
@@ -230,7 +240,7 @@ class TestOptions(TestCase):
 
     def test_an_output_without_a_tensor_needs_a_loss_fn(self):
         class Nothing(Model):
-            def forward(self, x: torch.Tensor) -> str:
+            def forward(self, _x: torch.Tensor) -> str:  # type: ignore[override]  # no tensor out, on purpose
                 return "no tensor"
 
         with self.assertRaises(TypeError) as e:
@@ -295,7 +305,7 @@ class TestCommandLine(TestCase):
             self.misuse([]), """sac2 advise: error: one of the arguments --config --factory is required"""
         )
 
-    @pytest.mark.skipif("transformers" in sys.modules or advisor_cli.importlib.util.find_spec("transformers")
+    @pytest.mark.skipif("transformers" in sys.modules or importlib.util.find_spec("transformers")
                         is not None, reason="transformers is installed")
     def test_config_without_transformers(self):
         self.assertExpectedInline(

@@ -177,7 +177,7 @@ def test_full_ac_draws_again_from_a_generator_it_was_not_told_about():
 
 def test_preserve_generators_takes_generators_only():
     with pytest.raises(TypeError, match="takes torch.Generator objects, got int"):
-        sac2.preserve_generators(3)
+        sac2.preserve_generators(3)  # type: ignore[arg-type]  # the wrong type, on purpose
 
 
 # ---- the user's saved-tensor hooks ----
@@ -219,7 +219,7 @@ class _no_warning:
         warnings.simplefilter("always")
         return caught
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, *exc: Any) -> None:  # the exception's type, value and traceback, passed on
         self._catch.__exit__(*exc)
 
 

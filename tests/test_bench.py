@@ -5,6 +5,8 @@ compiles once; the rows are plain code, built in one place."""
 import contextlib
 import io
 import json
+from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -35,6 +37,8 @@ def _attach(request, short_run):
 
 @pytest.mark.usefixtures("_attach")
 class TestShortRun(TestCase):
+    result: tuple[int, str, dict, Path]  # short_run's (exit code, stdout, JSON, plot path), set by _attach
+
     def test_exits_zero(self):
         self.assertEqual(self.result[0], 0)
 
@@ -160,7 +164,11 @@ class TestRegionModel(TestCase):
         seen = []
         torch.manual_seed(0)
         plain = Transformer(cfg)
-        wrapped = Transformer(cfg, region=lambda fn, name: seen.append(name) or fn)
+        def region(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+            seen.append(name)
+            return fn
+
+        wrapped = Transformer(cfg, region=region)
         wrapped.load_state_dict(plain.state_dict())
         tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
         self.assertTrue(torch.equal(plain(tokens, targets), wrapped(tokens, targets)))
@@ -189,7 +197,8 @@ class TestCompile(TestCase):
         batch = random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
         forwards = [job._forward(job._model(base, rows[name]), rows[name], "aot_eager", i)
                     for i, name in enumerate(["none", "full", "sac2 SAC"])]
-        self.assertEqual(len({f._torchdynamo_orig_callable.__code__ for f in forwards}), 3)
+        # dynamo's attribute on what torch.compile returns: the function it compiles
+        self.assertEqual(len({f._torchdynamo_orig_callable.__code__ for f in forwards}), 3)  # type: ignore[attr-defined]
         with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
             for forward in forwards * 2:
                 forward(*batch).backward()

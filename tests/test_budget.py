@@ -20,7 +20,7 @@ aten = torch.ops.aten
 SAVES = (sac2.CheckpointPolicy.MUST_SAVE, sac2.CheckpointPolicy.PREFER_SAVE)
 
 
-def _model(p: float = 0.0) -> nn.Module:
+def _model(p: float = 0.0) -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(Block(p=p), Block(p=p))
 
@@ -30,7 +30,7 @@ def _input() -> torch.Tensor:
     return torch.randn(2, 8, 32, requires_grad=True)
 
 
-def _save_all(ctx, op, *args, **kwargs):
+def _save_all(_ctx, _op, *args, **kwargs):
     return sac2.CheckpointPolicy.MUST_SAVE
 
 

@@ -28,7 +28,7 @@ def counted_neg(x: torch.Tensor) -> torch.Tensor:
     return -x
 
 
-counted_neg.register_autograd(lambda ctx, grad: -grad)
+counted_neg.register_autograd(lambda _ctx, grad: -grad)
 COUNTED = torch.ops.sac2_test_api.counted_neg.default
 
 
@@ -72,7 +72,7 @@ RECOMPUTING = [tuc.CheckpointPolicy.MUST_RECOMPUTE, tuc.CheckpointPolicy.PREFER_
 
 
 def _answer_for_counted(value: Any) -> Callable:
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         return value if op is COUNTED else tuc.CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
@@ -111,7 +111,7 @@ def test_ctx_op_output_is_the_ops_output() -> None:
 def test_policy_is_called_in_forward_only() -> None:
     calls: list[bool] = []
 
-    def policy(ctx, op, *args, **kwargs):
+    def policy(ctx, _op, *args, **kwargs):
         calls.append(ctx.is_recompute)
         return False
 
@@ -244,7 +244,7 @@ def test_a_second_backward_recomputes_what_the_first_released() -> None:
 def test_the_context_holds_no_output_once_the_forward_ends() -> None:
     seen = []
 
-    def policy(ctx, op, *args, **kwargs):
+    def policy(ctx, _op, *args, **kwargs):
         seen.append(ctx)
         return False
 
@@ -296,7 +296,7 @@ def test_decorator_form_passes_keyword_arguments_named_like_options_to_the_funct
 class TestDecoratorErrors(TestCase):
     def test_keyword_arguments_without_a_function_raise(self) -> None:
         with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(use_reentrant=False, scale=2)
+            sac2.checkpoint(use_reentrant=False, scale=2)  # type: ignore[call-overload]  # misuse, on purpose
         self.assertExpectedInline(str(cm.exception), """Unexpected keyword arguments: scale""")
 
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import sys
 import tempfile
+from typing import Any
 
 import pytest
 import torch
@@ -174,7 +175,11 @@ class TestArgumentsThatAreRight(CommandLineTestCase):
         self.cuda(built=True, available=True, count=2)
         calls = []
         result = [Result("none", "-", [1.0])]
-        self.mp.setattr(cli, "run", lambda *args, **kwargs: calls.append((args, kwargs)) or (result, []))
+        def run(*args: Any, **kwargs: Any) -> tuple[list[Result], list[Any]]:
+            calls.append((args, kwargs))
+            return result, []
+
+        self.mp.setattr(cli, "run", run)
         with contextlib.redirect_stdout(io.StringIO()):
             code = main([*BENCH, "--device", "cuda:1", "--compile", "--backend", "aot_eager", "--curve-repeat", "2"])
         self.assertEqual(code, 0)

@@ -32,7 +32,7 @@ def _block(x: torch.Tensor) -> torch.Tensor:
     return recomputed_op(saved_op(x).sin()).cos().sum()
 
 
-def _policy(ctx, op, *args, **kwargs) -> bool:
+def _policy(_ctx, op, *args, **kwargs) -> bool:
     return op is torch.ops.sac2_test_compile.saved.default
 
 

@@ -10,7 +10,7 @@ runs both again).
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -55,7 +55,7 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tenso
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-def _policy(ctx, op, *args, **kwargs) -> sac2.CheckpointPolicy:
+def _policy(_ctx, op, *args, **kwargs) -> sac2.CheckpointPolicy:
     if op is SAVED or isinstance(op, sac2.Region):
         return sac2.CheckpointPolicy.MUST_SAVE
     if op is RECOMPUTED:
@@ -81,12 +81,12 @@ class Stack(nn.Module):
 
 
 def _checkpoint_call(context: bool) -> Callable[[nn.Module], Callable]:
-    kwargs = {"context_fn": CONTEXT_FN} if context else {}
+    kwargs: dict[str, Any] = {"context_fn": CONTEXT_FN} if context else {}
     return lambda block: lambda x: sac2.checkpoint(block, x, **kwargs)
 
 
 def _wrapper(context: bool) -> Callable[[nn.Module], Callable]:
-    kwargs = {"context_fn": CONTEXT_FN} if context else {}
+    kwargs: dict[str, Any] = {"context_fn": CONTEXT_FN} if context else {}
     return lambda block: sac2.checkpoint_wrapper(block, **kwargs)
 
 
@@ -98,7 +98,7 @@ def _apply_ac(mode: str) -> Callable[[nn.Module], Callable]:
     def build(block: nn.Module) -> Callable:
         stack = nn.Sequential()
         stack.layers = nn.ModuleList([block])
-        kwargs = {"policy": _policy} if mode == "selective" else {}
+        kwargs: dict[str, Any] = {"policy": _policy} if mode == "selective" else {}
         sac2.apply_ac(stack, mode, **kwargs)
         return stack.layers[0]
 
@@ -130,7 +130,7 @@ def _grads_and_backward_runs(fn: Callable, module: nn.Module) -> tuple[list[torc
     out = fn(x).pow(2).mean()
     runs.update(saved=0, recomputed=0)
     grads = torch.autograd.grad(out, [x, *module.parameters()])
-    return grads, dict(runs)
+    return list(grads), dict(runs)
 
 
 def _compiled_reference(backend: str, **block_kwargs) -> list[torch.Tensor]:

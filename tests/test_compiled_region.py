@@ -27,7 +27,7 @@ NO_FLAGS = (False, False, False)
 counted, counted_runs = counted_op("test_compiled_region")
 
 
-def _recompute_all(ctx, op, *args, **kwargs) -> bool:
+def _recompute_all(_ctx, _op, *args, **kwargs) -> bool:
     return False
 
 
@@ -45,7 +45,7 @@ class _Foreign(TorchDispatchMode):
 
 class TestCompiledRegion(TestCase):
     def test_body_runs_with_no_sac2_mode_on_stack_and_flags_cleared(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             y = x.sin()
@@ -61,7 +61,7 @@ class TestCompiledRegion(TestCase):
     def test_sac2_sees_no_dispatch_of_the_body(self):
         seen = []
 
-        def policy(ctx, op, *args, **kwargs):
+        def policy(_ctx, op, *args, **kwargs):
             seen.append(str(op))
             return False
 
@@ -77,7 +77,7 @@ class TestCompiledRegion(TestCase):
         self.assertTrue(torch.equal(grad, torch.autograd.grad(fn(x), x)[0]))  # the body ran again in recompute
 
     def test_restores_stack_and_flags_on_exit(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             before = (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
@@ -92,7 +92,7 @@ class TestCompiledRegion(TestCase):
         self.assertEqual((_compat.dispatch_mode_stack(), _compat.dispatch_flags()), ([], NO_FLAGS))
 
     def test_restores_stack_and_flags_when_the_body_raises(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             before = (_compat.dispatch_mode_stack(), _compat.dispatch_flags())
@@ -107,7 +107,7 @@ class TestCompiledRegion(TestCase):
         self.assertEqual(seen, {"same": True})
 
     def test_nests(self):
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def fn(x):
             stack = _compat.dispatch_mode_stack()
@@ -174,7 +174,7 @@ class TestCompiledRegion(TestCase):
     def test_overlapping_threads_leave_the_flags_cleared(self):
         # A enters, B enters, A exits, B exits: torch's own save/restore leaves the flags stuck True here.
         a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
-        seen = {}
+        seen: dict[str, Any] = {}
 
         def forward_a(x):
             a_in.set()
@@ -245,7 +245,7 @@ def _block(x: torch.Tensor) -> torch.Tensor:
     return (_attn(x.cos()) * x).exp().sum()
 
 
-def _saving_regions(ctx, op, *args, **kwargs) -> bool:
+def _saving_regions(_ctx, op, *args, **kwargs) -> bool:
     return isinstance(op, sac2.Region)
 
 
@@ -289,7 +289,7 @@ class TestRegion(TestCase):
     def _region_names(self, fn: Callable) -> list[str]:
         seen = []
 
-        def policy(ctx, op, *args, **kwargs):
+        def policy(_ctx, op, *args, **kwargs):
             seen.append(op)
             return False
 

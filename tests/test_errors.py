@@ -20,7 +20,7 @@ aten = torch.ops.aten
 
 
 def _returning(value: Any) -> Callable:
-    return lambda ctx, op, *args, **kwargs: value
+    return lambda _ctx, _op, *args, **kwargs: value
 
 
 # Flipped between forward and backward to make recompute run other ops than forward did.
@@ -55,12 +55,12 @@ def _assert_no_mode_left() -> None:
 class TestPolicyValidation(TestCase):
     def test_op_overload_packet_in_list_names_the_default_overload(self) -> None:
         with self.assertRaises(ValueError) as cm:
-            sac2.create_selective_checkpoint_contexts([aten.mm.default, aten.mm])
+            sac2.create_selective_checkpoint_contexts([aten.mm.default, aten.mm])  # type: ignore[list-item]  # on purpose
         self.assertExpectedInline(str(cm.exception), """Expected op in `op_list` to be an OpOverload but got aten.mm of type <class 'torch._ops.OpOverloadPacket'>. Please update the OpOverloadPacket to a specific OpOverload: an OpOverloadPacket names every overload of the op; list the overload the op runs as, e.g. aten.mm.default.""")  # noqa: E501
 
     def test_non_op_in_list(self) -> None:
         with self.assertRaises(ValueError) as cm:
-            sac2.create_selective_checkpoint_contexts([aten.mm.default, "mm"])
+            sac2.create_selective_checkpoint_contexts([aten.mm.default, "mm"])  # type: ignore[list-item]  # on purpose
         self.assertExpectedInline(str(cm.exception), """Expected op in `op_list` to be an OpOverload, a higher-order op or a sac2.Region, but got 'mm' (type str); list OpOverloads such as torch.ops.aten.mm.default, higher-order ops such as torch.ops.higher_order.flex_attention, or regions such as sac2.Region('attn').""")  # noqa: E501
 
     def test_non_callable_non_list_policy(self) -> None:

@@ -22,7 +22,7 @@ def _input() -> torch.Tensor:
     return torch.ones(4, 16, requires_grad=True)
 
 
-def save_addmm(ctx, op, *args, **kwargs):
+def save_addmm(_ctx, op, *args, **kwargs):
     return op is aten.addmm.default
 
 
@@ -91,7 +91,7 @@ def _sin_t_cos(x: torch.Tensor) -> torch.Tensor:
     return a.cos()
 
 
-def save_all(ctx, op, *args, **kwargs):
+def save_all(_ctx, _op, *args, **kwargs):
     return True
 
 

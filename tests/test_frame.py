@@ -145,8 +145,8 @@ def x_(*shape: int, seed: int = 0, grad: bool = True, dtype: torch.dtype = torch
 
 def grad_of(out: Any, *inputs: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, ...]:
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    loss = sum(o.sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad)
-    return torch.autograd.grad(loss, inputs, **kwargs)
+    sums = [o.sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+    return torch.autograd.grad(sum(sums[1:], sums[0]), inputs, **kwargs)  # a tensor's sum: no int 0 to start from
 
 
 def sin_exp(x: torch.Tensor) -> torch.Tensor:
@@ -750,7 +750,7 @@ def test_a_forward_context_that_swallows_the_forwards_error():
     def scenario():
         before = _state()
         try:
-            ckpt(lambda a: 1 / 0, x_(), context_fn=lambda: (Swallow(), contextlib.nullcontext()))
+            ckpt(lambda _a: 1 / 0, x_(), context_fn=lambda: (Swallow(), contextlib.nullcontext()))
         finally:
             assert _state() == before
 
@@ -905,7 +905,7 @@ def test_an_error_in_backward_leaves_no_state_behind():
             return x.clone()
 
         @staticmethod
-        def backward(ctx, grad):
+        def backward(ctx, _grad):
             _ = ctx.saved_tensors  # unpacks, so the recompute ran before the error
             raise Boom("backward")
 
@@ -1007,7 +1007,8 @@ def test_two_threads_checkpointing_concurrently_get_the_single_threaded_results(
     def threaded() -> list:
         use_torch = sac2.frame.torch_frame_in_use()  # the switch is per thread: each thread sets its own
         blocks = _blocks()
-        barrier, results, errors = threading.Barrier(2), [None, None], []
+        barrier, errors = threading.Barrier(2), []
+        results: list[Any] = [None, None]
 
         def work(i: int) -> None:
             try:
@@ -1146,7 +1147,7 @@ def test_a_stack_of_blocks_keeps_no_more_than_on_torchs_frame(policy):
     torch.manual_seed(0)
     model = Transformer(cfg)
     tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
-    kwargs = {} if policy is None else {"context_fn": sac2_contexts(sac2.policies.llm())}
+    kwargs: dict[str, Any] = {} if policy is None else {"context_fn": sac2_contexts(sac2.policies.llm())}
 
     def memory(frame: str | None) -> Memory:
         """What one training step keeps after forward and its peak; ``frame`` None: no checkpointing."""

@@ -62,7 +62,8 @@ def test_list_and_answers_policies_name_ops(results: list[CaseResult]) -> None:
     assert sum(bool(r.program.policy.ops) for r in named) > 0.8 * len(named)
 
 
-def test_no_dispatch_mode_is_left_after_the_slice(results: list[CaseResult]) -> None:
+@pytest.mark.usefixtures("results")  # after the slice ran
+def test_no_dispatch_mode_is_left_after_the_slice() -> None:
     assert mode_state() is None
 
 

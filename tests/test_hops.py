@@ -54,7 +54,7 @@ def check_checkpointed(
     def saves(func: Any, args: tuple) -> bool:
         return mode == "save" and (func is op or sac2.region_of(func, args) == op)
 
-    def policy(ctx, func, *args, **kwargs):
+    def policy(_ctx, func, *args, **kwargs):
         seen.append(func)
         return saves(func, args)
 
@@ -72,7 +72,7 @@ def check_checkpointed(
     for g, e in zip(got, expected_grads, strict=True):
         assert torch.equal(g, e)
     assert (forward_runs, backward_runs) == (1, 0 if mode == "save" else 1)
-    kept = sac2.activation_memory(fn, inputs, lambda ctx, func, *args, **kwargs: saves(func, args))
+    kept = sac2.activation_memory(fn, inputs, lambda _ctx, func, *args, **kwargs: saves(func, args))
     if mode == "save":
         assert kept == (saved_bytes if saved_bytes is not None else forward.out_bytes[op]) > 0
     else:
@@ -96,7 +96,7 @@ def eager_flex(monkeypatch):
 def _document_causal_attention(fa):
     document = torch.tensor([0] * 6 + [1] * 10)
 
-    def mask_mod(b, h, q, k):
+    def mask_mod(_b, _h, q, k):
         return (document[q] == document[k]) & (q >= k)
 
     block_mask = fa.create_block_mask(mask_mod, 1, 2, 16, 16, device="cpu", BLOCK_SIZE=8)
@@ -203,7 +203,7 @@ def test_saved_kernel_whose_buffer_a_later_kernel_rewrites_is_recomputed_with_on
     expected = grads(fn(x), (x,))[0]
     kernels = iter([True, False])  # save the first kernel, recompute the second
 
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         return op is triton_kernel_wrapper_mutation and next(kernels)
 
     with pytest.warns(UserWarning, match="saves triton_kernel_wrapper_mutation .* modified in place later") as caught:
@@ -332,8 +332,8 @@ def compiled():
     """Two tiny compiled regions named "attn" and "mlp", run as ``inductor_compiled_code`` under a mode."""
     import torch._inductor.config as inductor_config
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(inductor_config, "wrap_inductor_compiled_regions", True)
+    # torch's own patch: pytest's MonkeyPatch deletes a config module's option on undo, and a later compile fails
+    with inductor_config.patch(wrap_inductor_compiled_regions=True):
         attn = torch.compile(lambda x: counted_attn(x).sin() * 2, name="attn")
         mlp = torch.compile(lambda x: counted_mlp(x).tanh() + 1, name="mlp")
         fn = lambda x: mlp(attn(x.cos()).exp())  # noqa: E731
@@ -362,7 +362,7 @@ def test_policy_function_matches_compiled_region_by_name(compiled):
     fn, x = compiled
     names = []
 
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         region = sac2.region_of(op, args)
         names.append((op, region))
         return region == sac2.Region("attn")

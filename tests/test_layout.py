@@ -210,7 +210,7 @@ def inline_messages(root: Path = PACKAGE) -> list[str]:
                 elif name == "warn_once" and len(node.args) == 3:
                     texts = [node.args[2]]  # (kind of warning, op, message)
             if any(_written_out(t) for t in texts):
-                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+                found.append(f"{path.relative_to(root.parent)}:{getattr(node, 'lineno', '?')}")  # a Raise's or Call's
     return found
 
 

@@ -56,7 +56,7 @@ def test_saved_inplace_ops_write_into_replayed_buffers():
 
 
 def test_save_all_with_inplace_ops_keeps_the_inplace_writes():
-    rerun, _ = checkpoint_and_compare(inplace_chain, lambda ctx, op, *args, **kwargs: True, INPLACE)
+    rerun, _ = checkpoint_and_compare(inplace_chain, lambda _ctx, _op, *args, **kwargs: True, INPLACE)
     assert rerun == {aten.add_.Tensor: 0, aten.mul_.Tensor: 0}
 
 

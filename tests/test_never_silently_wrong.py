@@ -18,7 +18,7 @@ from helpers import contexts
 aten = torch.ops.aten
 
 
-def _save_all(ctx, op, *args, **kwargs):
+def _save_all(_ctx, _op, *args, **kwargs):
     return sac2.CheckpointPolicy.MUST_SAVE
 
 
@@ -105,7 +105,7 @@ def test_saved_random_op_still_advances_the_generator_for_recomputed_draws_when_
     first = [c for c in (aten.native_dropout.default, aten.bernoulli_.float)]
     calls = {"n": 0}
 
-    def save_first_dropout(ctx, op, *args, **kwargs):
+    def save_first_dropout(_ctx, op, *args, **kwargs):
         if op in first:
             calls["n"] += 1
             return calls["n"] == 1
@@ -117,18 +117,18 @@ def test_saved_random_op_still_advances_the_generator_for_recomputed_draws_when_
 # ---- 2. a saved factory op later written in place ----
 
 
-def _save_all_but_in_place(ctx, op, *args, **kwargs):
+def _save_all_but_in_place(_ctx, op, *args, **kwargs):
     return torch.Tag.inplace not in getattr(op, "tags", ())
 
 
 @pytest.mark.parametrize("factory", ["zeros", "zeros_like", "ones_like", "empty_like", "full"])
 def test_saved_factory_output_written_in_place_later_is_recomputed(factory):
     make = {
-        "zeros": lambda x: torch.zeros(4),
+        "zeros": lambda _x: torch.zeros(4),
         "zeros_like": torch.zeros_like,
         "ones_like": torch.ones_like,
         "empty_like": lambda x: torch.empty_like(x).fill_(0.5),
-        "full": lambda x: torch.full((4,), 2.0),
+        "full": lambda _x: torch.full((4,), 2.0),
     }[factory]
 
     def fn(x):
@@ -220,7 +220,7 @@ def _vector_matmul_aliased(x0, x2):
 def test_a_second_backward_serves_an_output_the_replay_squeezed_in_place(style, answer):
     # The replayed squeeze_ bumps the version counter the served alias shares with the saved output; sac2 0.2 took
     # that for a modification after the forward and raised in the second backward.
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         return answer if op in (aten.mm.default, aten.mul.Tensor) else sac2.CheckpointPolicy.PREFER_RECOMPUTE
 
     inputs = [torch.randn(4), torch.randn(4, 4)]
@@ -234,7 +234,7 @@ def test_an_op_filling_a_buffer_a_factory_made_is_let_finish_by_early_stop():
     # (the last saved tensor is that buffer) must let the op run first, or backward reads uninitialised memory.
     saved = [aten.empty_like.default, aten.rrelu_with_noise.default, aten.slice.Tensor]
 
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         return sac2.CheckpointPolicy.PREFER_SAVE if op in saved else sac2.CheckpointPolicy.PREFER_RECOMPUTE
 
     with warnings.catch_warnings():
@@ -339,7 +339,7 @@ def test_every_other_matmul_under_torch_modes_raises_instead_of_saving_every_mat
 
 def test_nested_checkpoints_sharing_one_policy_count_their_calls_apart():
     policy = sac2.policies.every_other_matmul()
-    answers = {"outer": [], "inner": []}
+    answers: dict[str, list[sac2.CheckpointPolicy]] = {"outer": [], "inner": []}
 
     def recording(name):
         def ask(ctx, op, *args, **kwargs):
@@ -367,15 +367,17 @@ def test_memory_budget_keeps_separate_counts_for_interleaved_forwards():
     block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     x = torch.randn(2, 4)
     budget = sac2.policies.memory_budget(block, (x,), 0.5, cost="flops")
-    calls = [(c.key, c.index) for c in budget.profile.calls]
-    alone = [budget(ForwardContext(), key) for key, _ in calls[:1]]
+    keys = [c.key for c in budget.profile.calls]
+    ops = [k for k in keys if isinstance(k, torch._ops.OpOverload)]
+    assert ops == keys  # each call's key is its op, what a policy is asked about
+    alone = [budget(ForwardContext(), op) for op in ops[:1]]
     outer, inner = ForwardContext(), ForwardContext()
     interleaved = []
-    for key, _ in calls:
-        interleaved.append(budget(outer, key))
-        budget(inner, key)  # another forward in between does not reset the first one's counts
+    for op in ops:
+        interleaved.append(budget(outer, op))
+        budget(inner, op)  # another forward in between does not reset the first one's counts
     fresh = ForwardContext()
-    assert interleaved == [budget(fresh, key) for key, _ in calls] and alone[0] == interleaved[0]
+    assert interleaved == [budget(fresh, op) for op in ops] and alone[0] == interleaved[0]
 
 
 # ---- 6. regions: CPU_OFFLOAD and a policy's TypeError ----
@@ -389,7 +391,7 @@ def test_region_answered_cpu_offload_is_kept_and_not_run_again():
         runs.append(1)
         return x.sin() * 2
 
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         if isinstance(op, sac2.Region):
             return sac2.CheckpointPolicy.MUST_CPU_OFFLOAD
         return sac2.CheckpointPolicy.PREFER_RECOMPUTE
@@ -402,7 +404,7 @@ def test_region_answered_cpu_offload_is_kept_and_not_run_again():
     assert torch.equal(grad, torch.autograd.grad(body(x).cos().sum(), x)[0])
 
 
-def _refuses_regions(ctx, op, *args, **kwargs):
+def _refuses_regions(_ctx, op, *args, **kwargs):
     if isinstance(op, sac2.Region):
         raise TypeError("policy cannot decide regions")
     return False
@@ -475,7 +477,7 @@ class _Cache:
     """A KV cache as transformers' DynamicCache fills it: set up on the first call, appended to after."""
 
     def __init__(self) -> None:
-        self.keys = None
+        self.keys: torch.Tensor | None = None
 
     def update(self, k: torch.Tensor) -> torch.Tensor:
         if self.keys is None:
@@ -521,7 +523,7 @@ def test_a_region_answered_cpu_offload_is_handed_to_the_offloader(monkeypatch):
     monkeypatch.setattr(Saved, "to_host", spy)
     body = sac2.region(lambda t: t.sin() * 2, name="never_silently_wrong.offload_spy")
 
-    def policy(ctx, op, *args, **kwargs):
+    def policy(_ctx, op, *args, **kwargs):
         return sac2.CheckpointPolicy.MUST_CPU_OFFLOAD if isinstance(op, sac2.Region) else False
 
     sac2.checkpoint(lambda t: body(t).cos(), torch.randn(4, requires_grad=True), context_fn=contexts(policy))

@@ -17,7 +17,7 @@ def _f(x):
 
 
 def _offload_counted(policy):
-    def fn(ctx, op, *args, **kwargs):
+    def fn(_ctx, op, *args, **kwargs):
         return policy if op is COUNTED else CheckpointPolicy.PREFER_RECOMPUTE
 
     return fn

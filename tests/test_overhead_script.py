@@ -23,6 +23,8 @@ def _run(*argv: str) -> str:
 
 
 class TestOverheadScript(TestCase):
+    out: str  # the script's output, printed once for the class
+
     @classmethod
     def setUpClass(cls):
         cls.out = _run("--repeat", "1", "--lengths", "4,16")

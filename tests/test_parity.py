@@ -157,14 +157,14 @@ class EveryOtherMatmul:
     def __init__(self) -> None:
         self.seen = 0
 
-    def __call__(self, ctx, op, *args, **kwargs) -> sac2.CheckpointPolicy:
+    def __call__(self, _ctx, op, *args, **kwargs) -> sac2.CheckpointPolicy:
         if op not in self.MATMULS:
             return sac2.CheckpointPolicy.PREFER_RECOMPUTE
         self.seen += 1
         return sac2.CheckpointPolicy.MUST_SAVE if self.seen % 2 else sac2.CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def save_all_but_inplace(ctx, op, *args, **kwargs) -> bool:
+def save_all_but_inplace(_ctx, op, *args, **kwargs) -> bool:
     return not (isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable)
 
 
@@ -255,7 +255,7 @@ def counted_sin(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(x)
 
 
-def _counted_sin_setup(ctx, inputs, output) -> None:
+def _counted_sin_setup(ctx, inputs, output) -> None:  # noqa: ARG001 (torch passes setup_context's arguments by keyword)
     ctx.save_for_backward(inputs[0])
 
 

@@ -7,6 +7,7 @@ recorded sequence of op calls before and after a ``pickle`` round trip; the answ
 import functools
 import io
 import pickle
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +31,7 @@ def flash_attn_fwd(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-flash_attn_fwd.register_autograd(lambda ctx, g: g * 2)
+flash_attn_fwd.register_autograd(lambda _ctx, g: g * 2)
 
 _callable = InductorCompiledCallable(lambda inputs: [inputs[0].sin()], compile_region_name="compiled")
 inductor_code_side_table.add_callable(_callable)
@@ -68,7 +69,7 @@ def _recorded_calls(block: nn.Module) -> list[tuple]:
     """(op, args, kwargs) of every op call sac2's forward mode asks a policy about, in one forward of ``block``."""
     calls = []
 
-    def recording(ctx, op, *args, **kwargs):
+    def recording(_ctx, op, *args, **kwargs):
         calls.append((op, args, kwargs))
         return sac2.CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -128,7 +129,7 @@ class TestPoliciesPickle(TestCase):
 
 class TestContextFnPickles(TestCase):
     def test_partial_over_a_list_rebuilds_the_same_ops_and_checkpoints(self):
-        ops = [aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention]
+        ops: list[Any] = [aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention]  # ops and a HOP
         context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, ops))
         for loaded, op in zip(context_fn.args[0], ops, strict=True):
             self.assertIs(loaded, op)

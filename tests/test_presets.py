@@ -321,7 +321,7 @@ aten.max.default -> MUST_SAVE""")
         P = sac2.CheckpointPolicy
 
         def answer(value):
-            return lambda ctx, op, *a, **k: value
+            return lambda _ctx, _op, *a, **k: value
 
         ctx = sac2.SelectiveCheckpointContext(is_recompute=False)
         cases = {
@@ -340,14 +340,14 @@ PREFER_SAVE, PREFER_RECOMPUTE -> PREFER_SAVE
 False, True -> MUST_SAVE""")
 
     def test_rejects_an_answer_that_is_not_a_policy(self):
-        policy = policies.compose(lambda ctx, op, *a, **k: "save")
+        policy = policies.compose(lambda _ctx, _op, *a, **k: "save")  # type: ignore[arg-type]  # a wrong answer, on purpose
         ctx = sac2.SelectiveCheckpointContext(is_recompute=False)
         with self.assertRaisesRegex(TypeError, "returned 'save' for aten.mm.default"):
             policy(ctx, torch.ops.aten.mm.default)
 
     def test_its_error_survives_tensor_operators_in_a_checkpointed_forward(self):
         # a * a turns a TypeError raised under it into NotImplemented; sac2's forward mode raises it again
-        policy = policies.compose(lambda ctx, op, *a, **k: "save")
+        policy = policies.compose(lambda _ctx, _op, *a, **k: "save")  # type: ignore[arg-type]  # a wrong answer, on purpose
         context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, policy)
         with self.assertRaisesRegex(TypeError, "returned 'save' for aten.mul.Tensor"):
             sac2.checkpoint(lambda a: a * a, torch.randn(3, requires_grad=True), context_fn=context_fn)

@@ -61,12 +61,12 @@ def test_full_ac_recomputes_the_whole_forward():
     ("policy", "units"),
     [
         pytest.param(lambda block: sac2.policies.torchtitan(block, ()), 9, id="torchtitan: every second mm"),
-        pytest.param(lambda block: sac2.policies.every_other_matmul(), 9, id="every_other_matmul"),
+        pytest.param(lambda _block: sac2.policies.every_other_matmul(), 9, id="every_other_matmul"),
         # first's shape is mid's too: both are recomputed and not counted, so last is the first mm counted
         pytest.param(lambda block: sac2.policies.torchtitan(block, ["first"]), 10, id="torchtitan: force first"),
         pytest.param(lambda block: sac2.policies.torchtitan(block, ["last"]), 11, id="torchtitan: force last"),
         pytest.param(lambda block: sac2.policies.recompute_linears(block, ["last"]), 12, id="recompute_linears"),
-        pytest.param(lambda block: sac2.policies.llm(), 8, id="llm: every matmul saved"),
+        pytest.param(lambda _block: sac2.policies.llm(), 8, id="llm: every matmul saved"),
     ],
 )
 def test_a_policy_adds_the_flops_of_the_matmuls_it_recomputes(policy, units):

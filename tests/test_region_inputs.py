@@ -110,7 +110,8 @@ def _backward(style: str, net: _Net, x: torch.Tensor, **options) -> list[torch.T
         return [x.grad, net.a.weight.grad]
     elif style == "double":
         grads = torch.autograd.grad(out, leaves, create_graph=True, allow_unused=True)
-        sum(g.square().sum() for g in grads if g is not None).backward()
+        squares = [g.square().sum() for g in grads if g is not None]
+        sum(squares[1:], squares[0]).backward()  # a tensor's sum: no int 0 to start from
     return [t.grad for t in leaves]
 
 

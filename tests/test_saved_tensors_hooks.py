@@ -149,7 +149,7 @@ _exp_region = sac2.region(lambda t: t.exp(), name="saved_tensors_hooks.exp")
 
 @pytest.mark.parametrize(
     "policy",
-    [[sac2.Region("saved_tensors_hooks.exp")], lambda ctx, op, *a, **k: isinstance(op, sac2.Region)],
+    [[sac2.Region("saved_tensors_hooks.exp")], lambda _ctx, op, *a, **k: isinstance(op, sac2.Region)],
     ids=["region_only_list", "policy_function"],
 )
 def test_a_saved_region_goes_through_the_hooks(policy):

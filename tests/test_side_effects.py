@@ -24,7 +24,7 @@ def logged_double(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-logged_double.register_autograd(lambda ctx, grad: grad * 2)
+logged_double.register_autograd(lambda _ctx, grad: grad * 2)
 logged_double.register_effect(_EffectType.ORDERED)
 LOGGED = torch.ops.sac2_test_effects.logged_double.default
 RECOMPUTE = tuc.CheckpointPolicy.PREFER_RECOMPUTE
@@ -36,7 +36,7 @@ def _fn(x: torch.Tensor) -> torch.Tensor:
 
 
 def _answer(value: Any) -> Callable:
-    return lambda ctx, op, *args, **kwargs: value
+    return lambda _ctx, _op, *args, **kwargs: value
 
 
 def _effects_in_step(checkpoint: Callable, create: Callable, policy: Any) -> int:

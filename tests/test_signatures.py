@@ -11,7 +11,7 @@ import torch.utils.checkpoint as torch_checkpoint
 
 import sac2
 
-PAIRS = {
+PAIRS: dict[str, tuple[Callable, Callable]] = {
     "create_selective_checkpoint_contexts": (
         sac2.create_selective_checkpoint_contexts,
         torch_checkpoint.create_selective_checkpoint_contexts,

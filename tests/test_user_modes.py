@@ -52,7 +52,8 @@ def _debug_mode() -> TorchDispatchMode:
     return DebugMode()
 
 
-TOOLS: dict[str, Callable[[], TorchDispatchMode]] = {
+# Any: each is a context manager around the step, and FlopCounterMode is not a TorchDispatchMode (it holds one)
+TOOLS: dict[str, Callable[[], Any]] = {
     "FlopCounterMode": lambda: FlopCounterMode(display=False),
     "MemTracker": _mem_tracker,
     "pass-through": _PassThrough,
@@ -114,7 +115,7 @@ def _model(route: str) -> _Blocks:
     return model
 
 
-def _train(route: str, where: str, tool: str) -> tuple[list[torch.Tensor], TorchDispatchMode]:
+def _train(route: str, where: str, tool: str) -> tuple[list[torch.Tensor], Any]:  # the tool, as TOOLS makes it
     """One step with ``tool`` active ``where``; the gradients of the input and every parameter, and the tool."""
     model = _model(route)
     run = ROUTES[route] if route != "none" else _plain

@@ -212,7 +212,7 @@ def skip_dynamo_in_mode(cls: type[TorchDispatchMode]) -> None:
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
     # Replacing torch's classmethod on the class is the point; mypy reads the attribute as a bound method.
-    cls._should_skip_dynamo = classmethod(lambda c: False)  # type: ignore[method-assign,assignment]
+    cls._should_skip_dynamo = classmethod(lambda _cls: False)  # type: ignore[method-assign,assignment]
     set_code_exec_strategy(cls.__torch_dispatch__.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 

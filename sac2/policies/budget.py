@@ -91,7 +91,7 @@ class MemoryBudget:
         pickling.register_op_pickling(c.key for c in self.profile.calls)
         return self.__dict__
 
-    def why(self, key: keys.Key, index: int) -> str:
+    def why(self, key: keys.Key, index: int) -> str:  # noqa: ARG002 (the why(op_key, call_index) protocol)
         """Which rule decided call ``index`` of ``key``: how ``sac2.explain`` labels it."""
         return self.rule
 

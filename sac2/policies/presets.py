@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -58,7 +58,7 @@ _MATMUL_PATHS = (
 )
 # Expensive to recompute, cheap to keep: the products of linear layers and attention, and the reductions that
 # low-precision training reads back (``max`` for scaling factors, ``topk`` for MoE routing).
-_COMPUTE = _MATMUL_PATHS + (
+_COMPUTE: tuple[str, ...] = _MATMUL_PATHS + (
     "aten.max.default",
     "aten.topk.default",
     # convolutions and bilinear upsampling (vision towers): compute intensive to torch's partitioner and torchtitan
@@ -143,7 +143,9 @@ class _LLM:
         # keeps its id from being reused.
         self._known: dict[int, tuple[PolicyOp, bool]] = {id(op): (op, True) for op in ops}
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(
+        self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any  # noqa: ARG002 (policy's)
+    ) -> CheckpointPolicy:
         if type(op) is Region:
             return MUST_SAVE
         known = self._known.get(id(op))
@@ -169,7 +171,7 @@ def _is_device_to_host(op: PolicyOp, args: tuple[Any, ...], kwargs: dict[str, An
     return device is not None and torch.device(device).type == "cpu" and args[0].device.type != "cpu"
 
 
-def llm() -> PolicyFn:
+def llm() -> Callable[..., CheckpointPolicy]:
     """The default policy for transformer blocks: save ``llm_save_list()``, flash-attn custom ops, regions and D2H
     copies; recompute the cheap rest (norms, activations, residual adds, RoPE).
 
@@ -212,7 +214,7 @@ class _EveryOtherMatmul:
         return "sac2.policies.every_other_matmul()"
 
 
-def every_other_matmul() -> PolicyFn:
+def every_other_matmul() -> Callable[..., CheckpointPolicy]:
     """Save every other matmul (every matmul ``llm()`` saves: dense, batched, grouped, low-precision) of each
     forward of a block, recompute the others.
 
@@ -240,7 +242,9 @@ class _RecomputeLinears:
     def __init__(self, shapes: frozenset[tuple[int, ...]]) -> None:
         self.shapes = shapes
 
-    def __call__(self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def __call__(
+        self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any  # noqa: ARG002 (policy's)
+    ) -> CheckpointPolicy:
         if op in _LINEAR_MATMULS and _weight_shape(op, args) in self.shapes:
             return MUST_RECOMPUTE
         return PREFER_RECOMPUTE
@@ -253,7 +257,7 @@ def _matches(fqn: str, name: str) -> bool:
     return fqn == name or fqn.endswith("." + name)
 
 
-def recompute_linears(model: nn.Module, names: Iterable[str]) -> PolicyFn:
+def recompute_linears(model: nn.Module, names: Iterable[str]) -> Callable[..., CheckpointPolicy]:
     """Always recompute the matmuls of the ``nn.Linear`` modules of ``model`` named by ``names``.
 
     A name matches a module whose qualified name is the name or ends with ``"." + name`` (``"router.gate"``
@@ -324,7 +328,7 @@ class _Compose:
         return f"sac2.policies.compose({', '.join(map(repr, self.policies))})"
 
 
-def compose(*policies: PolicyFn) -> PolicyFn:
+def compose(*policies: PolicyFn) -> Callable[..., CheckpointPolicy]:
     """Ask ``policies`` in order: the first MUST_* answer wins and later policies are not asked about that op;
     with no MUST_* answer, the first policy's PREFER_* answer stands.
 

@@ -7,13 +7,13 @@ all-gathers and all-reduces recomputed, CUDA-to-CPU copies saved, and the mms sh
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
 from sac2 import _compat, messages, pickling
-from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state
+from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state
 from sac2.keys import PolicyOp
 from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, import_op_modules, lookup
 
@@ -91,7 +91,7 @@ class _Torchtitan:
 
 def torchtitan(
     model: nn.Module | None = None, force_recompute_mm_shapes_by_fqns: Iterable[str] = ("moe.router.gate",)
-) -> PolicyFn:
+) -> Callable[..., CheckpointPolicy]:
     """torchtitan 0.3.0's default selective AC (``SelectiveAC``), decision for decision.
 
     Saves ``torchtitan_save_list()`` and CUDA-to-CPU copies, except every second mm/linear of each forward of a

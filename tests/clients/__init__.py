@@ -43,7 +43,7 @@ def tiny_llama() -> Any:
 TITAN_REGISTRIES = {"llama3": "llama3_configs", "qwen3": "qwen3_configs", "deepseek_v3": "deepseekv3_configs"}
 
 
-def titan_model(name: str = "llama3", layers: int | None = None) -> torch.nn.Module:
+def titan_model(name: str = "llama3", layers: int | None = None) -> Any:  # torchtitan is untyped
     """torchtitan's debug model ``name`` (its first ``layers`` blocks when given), every block's inner attention
     set to ScaledDotProductAttention (0.3.0's ``attn_backend="sdpa"`` is refused for language models; the class
     itself is causal SDPA), the same weights on every call."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any, cast
 
 import pytest
 
@@ -43,7 +44,7 @@ SAVES = {"default": None, "matmuls": ["attention", "linear", "experts"]}
 # --- transformers -----------------------------------------------------------------------------------------------
 
 
-def hf_model(family: str, attn: str = "sdpa", **overrides) -> torch.nn.Module:
+def hf_model(family: str, attn: str = "sdpa", **overrides) -> Any:  # transformers is untyped
     """A 2-layer random-weight causal LM of ``family`` (hidden 64, 4 experts for MoE), the same weights each call."""
     common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=HF_LAYERS, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=128, attn_implementation=attn, **overrides)
@@ -224,7 +225,7 @@ def test_torchtitan_ac_config_class_goes_through_sac2s_torchtitan_apply_ac():
 # the list of Regions, which dynamo cannot read as a constant), so the blocks run in sac2's eager frame;
 # tests/test_bench.py::TestCompile has the strict xfail for that.
 def _compiled(model: torch.nn.Module) -> torch.nn.Module:
-    return torch.compile(model, backend="aot_eager")
+    return cast(torch.nn.Module, torch.compile(model, backend="aot_eager"))  # a Module's is an OptimizedModule
 
 
 def test_compiled_hf_regions_match_compiled_no_ac():

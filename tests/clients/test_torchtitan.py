@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytest.importorskip("torchtitan")
@@ -97,10 +99,12 @@ class _FlopBlock(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.moe = torch.nn.Module()
+        # containers filled by attribute, for torchtitan's FQNs: Any, as nn.Module's stubs type a submodule's attribute
+        # as Tensor | Module
+        self.moe: Any = torch.nn.Module()
         self.moe.router = torch.nn.Module()
         self.moe.router.gate = torch.nn.Linear(256, 256, bias=False)
-        self.attention = torch.nn.Module()
+        self.attention: Any = torch.nn.Module()
         self.attention.wq = torch.nn.Linear(256, 256, bias=False)
         self.output = torch.nn.Linear(256, 512, bias=False)
 

@@ -65,14 +65,14 @@ class _Rows(torch.utils.data.Dataset):
         return {"input_ids": ROWS[i], "labels": ROWS[i]}
 
 
-class _LossTrainer(transformers.Trainer):
+class _LossTrainer(transformers.Trainer):  # type: ignore[name-defined]  # a module importorskip returned
     """A Trainer that keeps each step's loss tensor (its log history rounds them)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.losses: list[torch.Tensor] = []
 
-    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):  # type: ignore[no-untyped-def]
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
         loss = super().compute_loss(model, inputs, return_outputs=return_outputs, **kwargs)
         self.losses.append((loss[0] if return_outputs else loss).detach().clone())
         return loss
@@ -233,7 +233,7 @@ def lightning_train(checkpointing: bool) -> Result:
     ``checkpointing``."""
     L = pytest.importorskip("lightning")
 
-    class LitLlama(L.LightningModule):
+    class LitLlama(L.LightningModule):  # type: ignore[name-defined]  # as _LossTrainer
         def __init__(self) -> None:
             super().__init__()
             self.model = tiny_llama()
@@ -243,7 +243,7 @@ def lightning_train(checkpointing: bool) -> Result:
             if checkpointing:
                 sac2.apply_ac(self.model, "selective")
 
-        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:  # noqa: ARG002 (Lightning's hook)
             loss = self.model(input_ids=batch, labels=batch, use_cache=False).loss
             self.losses.append(loss.detach().clone())
             return loss
@@ -261,7 +261,8 @@ def lightning_train(checkpointing: bool) -> Result:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(module, torch.utils.data.DataLoader(ROWS, batch_size=2))
+    # ROWS indexes and has a length: a map-style dataset, to which torch's stubs admit only Dataset subclasses
+    trainer.fit(module, torch.utils.data.DataLoader(ROWS, batch_size=2))  # type: ignore[arg-type]
     return module.losses, parameters(module.model)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import cast
 
 import pytest
 
@@ -163,7 +164,7 @@ def test_trainer_trains_and_saves_a_checkpoint_with_a_sac2_context_fn(tmp_path):
 
 def _compiled_train(model, **forward_kwargs):
     ids = tokens()
-    compiled = torch.compile(model, backend="aot_eager")
+    compiled = cast(torch.nn.Module, torch.compile(model, backend="aot_eager"))  # a Module's is an OptimizedModule
     return train(compiled, lambda m: hf_loss(m, ids, **forward_kwargs))
 
 

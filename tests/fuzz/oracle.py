@@ -118,7 +118,8 @@ def _flat(x: Any) -> list[Any]:
         return [t for item in x for t in _flat(item)]
     if isinstance(x, torch.Tensor):
         if x.is_nested:
-            return [x.values().detach().clone(), x.offsets().clone()]
+            # a jagged NestedTensor's offsets: torch's Tensor stubs lack the method
+            return [x.values().detach().clone(), x.offsets().clone()]  # type: ignore[attr-defined]
         return [x.detach().clone()]
     return [x]
 
@@ -202,9 +203,9 @@ def _backward(program: Program, outs: list[torch.Tensor], inputs: list[torch.Ten
         if not again:
             return list(grads)
         if style == "double_backward":
-            sum(again).backward()
+            sum(again[1:], again[0]).backward()  # a tensor's sum: no int 0 to start from
             return list(grads) + [i.grad for i in inputs]
-        return list(grads) + list(torch.autograd.grad(sum(again), inputs, allow_unused=True))
+        return list(grads) + list(torch.autograd.grad(sum(again[1:], again[0]), inputs, allow_unused=True))
     if style == "grad_subset":
         return list(torch.autograd.grad(_loss(_masked(outs, program.out_mask)), inputs, allow_unused=True))
     if style == "inputs_subset":
@@ -318,7 +319,7 @@ def diff(ref: Outcome, got: Outcome, rng: torch.Tensor, close: bool = False) -> 
 #: the forward. Not listed, so never excused: "recompute diverged" (no case is nondeterministic: the oracle runs it
 #: twice first).
 _DOCUMENTED: tuple[tuple[re.Pattern, Callable[[Program], bool]], ...] = (
-    (re.compile(r"a policy must return a CheckpointPolicy member or a bool"), lambda program: True),
+    (re.compile(r"a policy must return a CheckpointPolicy member or a bool"), lambda _program: True),
     (re.compile(r"modified in place after the checkpointed forward ended"), lambda program: bool(program.epilogue)),
 )
 
@@ -394,7 +395,7 @@ def resolve_policy(program: Program) -> Program:
         return program
     seen: list[str] = []
 
-    def probe(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def probe(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         key = op_key(op)
         if key not in seen:
             seen.append(key)

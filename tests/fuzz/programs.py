@@ -46,9 +46,10 @@ def _scale(x: torch.Tensor, s: float) -> torch.Tensor:
     return x * s
 
 
-_scale.register_fake(lambda x, s: torch.empty_like(x))
+_scale.register_fake(lambda x, _s: torch.empty_like(x))
 _scale.register_autograd(
-    lambda ctx, grad: (grad * ctx.s, None), setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1])
+    lambda ctx, grad: (grad * ctx.s, None),
+    setup_context=lambda ctx, inputs, output: setattr(ctx, "s", inputs[1]),  # noqa: ARG005 (passed by keyword)
 )
 
 
@@ -220,7 +221,7 @@ class HashPolicy:
 
     salt: int
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, _ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor) and not a.is_nested]
         return _CHOICES[zlib.crc32(f"{self.salt}|{op_key(op)}|{shapes}".encode()) % len(_CHOICES)]
 
@@ -235,7 +236,7 @@ class EveryK:
     def __post_init__(self) -> None:
         self.counts: dict[int, int] = {}
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, ctx: Any, _op: Any, *args: Any, **kwargs: Any) -> Any:
         n = self.counts.get(id(ctx), 0)
         self.counts[id(ctx)] = n + 1
         return CheckpointPolicy.MUST_SAVE if (n + self.offset) % self.k == 0 else CheckpointPolicy.PREFER_RECOMPUTE
@@ -259,7 +260,7 @@ class Answers:
     def __post_init__(self) -> None:
         self._by_key = {k: getattr(CheckpointPolicy, v) for k, v in self.answers.items()}
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, _ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
         return self._by_key.get(op_key(op), CheckpointPolicy.PREFER_RECOMPUTE)
 
 
@@ -269,7 +270,7 @@ class Constant:
 
     answer: Any
 
-    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, _ctx: Any, _op: Any, *args: Any, **kwargs: Any) -> Any:
         return self.answer
 
 
@@ -515,7 +516,7 @@ class Gen:
         self.vars.append(v)
         return v
 
-    def pick(self, pred: Callable[[Var], bool] = lambda v: True) -> Var | None:
+    def pick(self, pred: Callable[[Var], bool] = lambda _v: True) -> Var | None:
         cands = [v for v in self.vars if pred(v)]
         if not cands:
             return None
@@ -881,14 +882,14 @@ def k_index_write(g: Gen) -> list[str] | None:
         ]
     )
     c = g.pick(lambda v: v.shape == a.shape and v.dtype == dt and v is not buf)
-    read, shape = g.rng.choice(
+    read, out_shape = g.rng.choice(
         [
             (f"{buf.name} * {c.name}", a.shape),
             (f"torch.tanh({buf.name})", a.shape),
             (f"{buf.name} @ {c.name}.t()", (rows, rows)),
         ]
     )
-    out = g.new(shape, dt)
+    out = g.new(out_shape, dt)
     g.freeze(src, buf, c, out)
     return [f"{buf.name} = {make}", write, f"{out.name} = {read}"]
 
@@ -1377,9 +1378,10 @@ def generate(seed: int, new_kinds: bool = True) -> Program:
         g = Gen(rng, dtype)
         g.excluded = frozenset() if new_kinds else frozenset(NEW_KINDS)
         inputs = []
-        for i, shape in enumerate(
-            rng.choice([[(D, D), (D, D)], [(D, D), (2, D, D), (D, D)], [(D,), (D, D)], [(2, D, D), (D,), (D, D)]])
-        ):
+        layouts: list[list[tuple[int, ...]]] = [
+            [(D, D), (D, D)], [(D, D), (2, D, D), (D, D)], [(D,), (D, D)], [(2, D, D), (D,), (D, D)]
+        ]
+        for i, shape in enumerate(rng.choice(layouts)):
             v = g.new(shape, dtype)
             v.name = f"x{i}"
             inputs.append(InputSpec(v.name, shape, dtype, requires_grad=rng.random() < 0.9))

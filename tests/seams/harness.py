@@ -125,7 +125,7 @@ class Problem:
     memory budget."""
 
     kind: str
-    model: nn.Module
+    model: Any  # the small model or a transformers one: what a route reads from it (layers, call) differs
     inputs: tuple
     loss: Callable[..., torch.Tensor]
     names: list[str]
@@ -159,7 +159,7 @@ def _hf() -> Problem:
         """The first decoder layer and its arguments, as a forward of the model calls it."""
         seen: dict[str, Any] = {}
 
-        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        def hook(_module: nn.Module, args: tuple, kwargs: dict) -> None:
             seen.update(args=args, kwargs=kwargs)
 
         handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
@@ -197,13 +197,13 @@ def problem(route: str) -> Problem:
 # ---- policies ----
 
 
-def _save_matmuls_and_gelu(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+def _save_matmuls_and_gelu(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     if op in MATMULS or op is aten.gelu.default:
         return CheckpointPolicy.MUST_SAVE
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _offload_matmuls(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+def _offload_matmuls(_ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_CPU_OFFLOAD if op in MATMULS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
@@ -316,7 +316,7 @@ def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None
 
 # ---- executions ----
 
-_COMPILE = {
+_COMPILE: dict[str, dict[str, Any]] = {
     "aot_eager": dict(backend="aot_eager"),
     "inductor": {},
     "fullgraph": dict(backend="aot_eager", fullgraph=True),
@@ -399,7 +399,8 @@ def _backward(style: str, loss: torch.Tensor, names: list[str],
     elif style == "double":
         first = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
         result.update({f"d/{n}": None if g is None else g.detach() for n, g in zip(names, first, strict=True)})
-        sum(g.pow(2).sum() for g in first if g is not None).backward()
+        squares = [g.pow(2).sum() for g in first if g is not None]
+        sum(squares[1:], squares[0]).backward()  # a tensor's sum: no int 0 to start from
     elif style == "inputs":
         loss.backward(inputs=leaves[::2])
     else:
@@ -495,15 +496,19 @@ def compare(got: dict, want: dict, exact: bool) -> None:
             diff = (got[name] - value).abs().max().item()
             assert torch.equal(got[name], value), f"{name} differs from no checkpointing (max abs diff {diff:.3g})"
         else:
-            torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(got[name], value, rtol=1e-4, atol=1e-5, msg=functools.partial(_named, name))
+
+
+def _named(name: str, message: str) -> str:
+    return f"{name}: {message}"
 
 
 def run_cell(cell: Cell) -> None:
     """Run ``cell`` and check it: the loss and every gradient as without checkpointing, or the error its rule
     names; sac2 ran (``forward_count`` moved, in a compiled setup while it compiled); compiled, no graph break
     and no compile again on a later step; no dispatch mode left behind."""
-    functorch = {"donated_buffer": False} if cell.without_donated_buffers else {}
-    inductor = {"fx_graph_cache": False} if cell.without_fx_graph_cache else {}
+    functorch: dict[str, Any] = {"donated_buffer": False} if cell.without_donated_buffers else {}
+    inductor: dict[str, Any] = {"fx_graph_cache": False} if cell.without_fx_graph_cache else {}
     with torch._functorch.config.patch(**functorch), torch._inductor.config.patch(**inductor):
         _run_cell(cell)
 
