@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ NAMES = gen_api.public_names()
 DOCUMENTED = [(n, obj) for n, obj in NAMES if gen_api.documented_signature(obj) is not None]
 
 
-def _ids(pairs: list[tuple[str, object]]) -> list[str]:
+def _ids(pairs: list[tuple[str, Any]]) -> list[str]:
     return [n for n, _ in pairs]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from worker_exit import shut_down
 import sac2
 
 
-def sharded(mode: str, seed: int, mesh) -> torch.nn.Module:
+def sharded(mode: str, seed: int, mesh) -> Any:
     model = checkpoint(Model(seed), mode)
     for block in model.layers:
         fully_shard(block, mesh=mesh)
@@ -50,12 +51,14 @@ def direction(root: Path, src_mode: str, dst_mode: str, mesh, rank: int) -> dict
     src_before = sac2.forward_count()
     src = sharded(src_mode, 0, mesh)
     train(src, rank, range(1))
-    dcp.save({"model": src.state_dict()}, checkpoint_id=path)
+    dcp.save(  # type: ignore[attr-defined]  # torch.distributed.checkpoint re-exports it without __all__
+        {"model": src.state_dict()}, checkpoint_id=path)
     dst = sharded(dst_mode, 1, mesh)
     differed = not all(_equal_params(src, dst))
     state = {"model": dst.state_dict()}
     keys_equal = sorted(state["model"]) == sorted(src.state_dict())
-    dcp.load(state, checkpoint_id=path)
+    dcp.load(  # type: ignore[attr-defined]  # as dcp.save
+        state, checkpoint_id=path)
     dst.load_state_dict(state["model"])
     src_losses = train(src, rank, range(1, 3))
     src_moved = sac2.forward_count() - src_before
@@ -67,8 +70,14 @@ def direction(root: Path, src_mode: str, dst_mode: str, mesh, rank: int) -> dict
             "dst_moved": moved}
 
 
-def _equal_params(a: torch.nn.Module, b: torch.nn.Module) -> list[bool]:
-    return [torch.equal(p.full_tensor(), q.full_tensor()) for p, q in zip(a.parameters(), b.parameters(), strict=True)]
+def _equal_params(a: Any, b: Any) -> list[bool]:
+    pairs: list[tuple[Any, Any]] = list(zip(a.parameters(), b.parameters(), strict=True))  # DTensors
+    return [torch.equal(p.full_tensor(), q.full_tensor()) for p, q in pairs]
+
+
+def _modes(cell: str) -> tuple[str, str]:
+    src, dst = cell.split(">")
+    return src, dst
 
 
 def main() -> None:
@@ -77,7 +86,7 @@ def main() -> None:
     rank = dist.get_rank()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     root = Path(sys.argv[1])
-    report = {d: direction(root, *d.split(">"), mesh, rank) for d in sys.argv[2:]}
+    report = {d: direction(root, *_modes(d), mesh, rank) for d in sys.argv[2:]}
     print(json.dumps({"rank": rank, "cells": report}), flush=True)
     shut_down()
 

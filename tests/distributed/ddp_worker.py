@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,11 @@ from worker_exit import shut_down
 import sac2
 
 STEPS = 3
-OPTIONS = {"static_graph": {"static_graph": True}, "find_unused": {"find_unused_parameters": True}, "no_sync": {}}
+OPTIONS: dict[str, dict[str, Any]] = {
+    "static_graph": {"static_graph": True},
+    "find_unused": {"find_unused_parameters": True},
+    "no_sync": {},
+}
 
 
 def train(config: str, mode: str, rank: int) -> tuple[list[float], list[torch.Tensor], int]:

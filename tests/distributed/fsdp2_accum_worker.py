@@ -47,7 +47,7 @@ def train(scenario: str, mode: str, mesh, rank: int) -> tuple[list[float], list[
         opt.step()
         opt.zero_grad()
     moved = sac2.forward_count() - before
-    params = [p.full_tensor() for p in model.parameters()]
+    params = [p.full_tensor() for p in model.parameters()]  # DTensors (the model is Any)
     return losses, params, moved
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.utils.checkpoint as tuc
@@ -65,15 +66,15 @@ def batch(rank: int, step: int) -> torch.Tensor:
     return torch.randn(2, 4, D, generator=torch.Generator().manual_seed(1000 * rank + step))
 
 
-def save_matmuls(ctx, op, *args, **kwargs):
+def save_matmuls(_ctx, op, *args, **kwargs):
     """A policy in torch's terms: save the matmuls, recompute the rest."""
     return tuc.CheckpointPolicy.MUST_SAVE if op in MATMULS else tuc.CheckpointPolicy.PREFER_RECOMPUTE
 
 
 #: mode -> what it does to the model's blocks. "stock" is torch's checkpoint_wrapper with torch's own SAC contexts
 #: (no sac2 anywhere); the others are sac2's entry points.
-MODES: dict[str, Callable[[nn.Module], object]] = {
-    "none": lambda model: None,
+MODES: dict[str, Callable[[Any], object]] = {  # the models: Any, as torch types submodules Tensor | Module
+    "none": lambda _model: None,
     "wrapper": lambda model: [
         model.layers.__setitem__(i, sac2.checkpoint_wrapper(b, context_fn=functools.partial(
             sac2.create_selective_checkpoint_contexts, sac2.policies.llm())))
@@ -89,7 +90,7 @@ MODES: dict[str, Callable[[nn.Module], object]] = {
 }
 
 
-def checkpoint(model: nn.Module, mode: str) -> nn.Module:
+def checkpoint(model: nn.Module, mode: str) -> Any:
     """Put ``model``'s blocks under ``mode`` (a key of ``MODES``) in place; return the model."""
     MODES[mode](model)
     return model

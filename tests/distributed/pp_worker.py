@@ -41,7 +41,7 @@ SCHEDULES: dict[str, tuple[type, str]] = {
 MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
 
 
-def save_matmuls(ctx, op, *args, **kwargs):
+def save_matmuls(_ctx, op, *args, **kwargs):
     """A policy written against torch's API (torch's names only): save the Linears' matmuls."""
     return tuc.CheckpointPolicy.MUST_SAVE if op in MATMULS else tuc.CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -97,7 +97,7 @@ PER_BLOCK: dict[str, Callable[[nn.Module], nn.Module]] = {
 }
 #: entry point -> what it does to a stage (sac2.apply_ac finds ``stage.layers``)
 PER_STAGE: dict[str, Callable[[nn.Module], object]] = {
-    "none": lambda stage: None,
+    "none": lambda _stage: None,
     "apply_ac": lambda stage: sac2.apply_ac(stage, "selective"),
     "apply_ac_save_list": lambda stage: sac2.apply_ac(stage, "selective", policy=list(MATMULS)),
     "regions": lambda stage: sac2.apply_ac(stage, "regions", save=["linear"]),
