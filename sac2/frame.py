@@ -278,10 +278,6 @@ class Frame:
             try:
                 self._check(count[0], store, replayed)
             except CheckpointError as error:
-                # A saved tensor written in place (resize_) explains the mismatch: autograd's error says so.
-                for i, holder in enumerate(self.holders):
-                    if holder() is not None:
-                        self.versions.check(i, here=False)
                 self._explain(error)
                 raise
         return store
@@ -339,8 +335,9 @@ class Frame:
             raise type(error)(self.trace.explain(str(error))) from error
 
     def _check(self, count: int, store: Store, replayed: frozenset[int]) -> None:
-        """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device
-        (but where recompute replays a write made after the save, rule 3a: a ``resize_`` changes its shape)."""
+        """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device,
+        but not where the forward's tensor was written after the save (a ``resize_``): its own node's unpack raises
+        autograd's error if it runs (rule 3), and recompute may replay the write (rule 3a)."""
         n = len(self.holders)
         if count != n:
             raise CheckpointError(messages.saved_count_differs(n, count, _compat.DEBUG_TIP))
@@ -350,7 +347,7 @@ class Frame:
             (i, _meta(meta), _meta((t.shape, t.dtype, t.device)))
             for i, (meta, t) in enumerate(zip(self.metas, store, strict=True))
             if isinstance(t, Tensor) and i not in replayed
-            and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device)
+            and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device) and not self.versions.changed(i)
         ]
         if bad:
             raise CheckpointError(messages.metadata_differs(bad, _compat.DEBUG_TIP))

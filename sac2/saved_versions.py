@@ -58,6 +58,12 @@ class SavedVersions:
         if _compat.version(x) != ended and self._hooks_keep(x.device):
             raise RuntimeError(messages.saved_tensor_written_after_forward(tensor, i))
 
+    def changed(self, i: int) -> bool:
+        """Whether the tensor saved at position ``i`` was written in place since it was saved."""
+        entry = self.entries[i] if self.entries is not None else None
+        x = _tensor(entry)
+        return entry is not None and x is not None and _compat.version(x) != entry[1]
+
     def end_forward(self) -> None:
         """The forward is done: under the user's hooks, note each position's version (a later change is a write
         after the forward)."""

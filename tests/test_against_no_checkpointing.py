@@ -302,6 +302,24 @@ def test_a_saved_tensor_written_later_in_the_forward_under_hooks_gives_what_the_
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("route", ["full AC", "SAC saving nothing"])
+def test_a_saved_tensor_resized_later_is_no_error_where_its_node_never_runs(route):
+    # mul saves n, which is then resized; no gradient flows through mul, so autograd never unpacks n.
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = x.detach() * 2
+        unused = w * n  # an output whose node backward never runs
+        n.resize_(1)
+        return (x * x).sum(), unused
+
+    x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
+    plain = f(x, w)
+    (want,) = torch.autograd.grad(plain[0], [x])
+    options: dict[str, Any] = {} if route == "full AC" else {"context_fn": contexts([])}
+    outs = sac2.checkpoint(f, x, w, **options)  # both outputs alive: the mul node (and its saved n) too
+    (got,) = torch.autograd.grad(outs[0], [x])
+    assert torch.equal(got, want)
+
+
 def test_a_saved_tensor_resized_later_in_the_forward_under_save_on_cpu_fails_as_without_checkpointing():
     def f(x: torch.Tensor) -> torch.Tensor:
         n = x.detach() * 2.0

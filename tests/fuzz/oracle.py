@@ -474,10 +474,11 @@ def run_case(case: int | Program) -> CaseResult:
             differs = diff(first, mode, expected_rng) is not None
         if differs:
             status, plain_cat = "reported", "differs under any dispatch mode"
-    if status == "fail" and verdict == "wrong" and program.hooks and _hooks_change_torchs_result(program, outcomes):
-        # The user's hook hands backward a restrided copy and torch's backward kernel computes another result
-        # from it (layer_norm's CPU backward): sac2's recompute hands back the forward's layout, as the run
-        # without hooks has it. Reported, not failed.
+    if (status == "fail" and verdict in ("wrong", "accepts_rejected") and program.hooks
+            and _hooks_change_torchs_result(program, outcomes)):
+        # The user's hook hands backward a restrided copy and torch's backward computes another result from it
+        # (layer_norm's CPU backward) or fails on it (a view of it): sac2's recompute hands back the forward's
+        # layout, as hooks that copy without restriding do. Reported, not failed.
         status, plain_cat = "reported", "torch computes differently from the hook's restrided copy"
     if status == "fail" and verdict == "wrong" and not program.preserve_rng_state and _draws(program, first):
         # preserve_rng_state=False asks a recompute to draw from the live generator: what it draws differs from
