@@ -20,8 +20,8 @@ SEEDS = range(0, 1000)
 
 @pytest.fixture(scope="module")
 def results() -> list[CaseResult]:
-    # NEW_KINDS_IN_SLICE (tests/fuzz/programs.py) is False while sac2 still fails the kinds of issue 25: the slice
-    # then generates without them; the long mode always has them.
+    # With NEW_KINDS_IN_SLICE (tests/fuzz/programs.py) the slice has the kinds of issue 25 (sac2 passes these
+    # seeds with them); the long mode always has them.
     return [run_case(generate(seed, new_kinds=NEW_KINDS_IN_SLICE)) for seed in SEEDS]
 
 
