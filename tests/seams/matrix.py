@@ -176,12 +176,18 @@ RULES: tuple[Rule, ...] = (
         "the route cannot pass respect_saved_tensors_hooks (its cells without the flag run under the same hooks).",
         lambda c: c.route == "torchtitan" and c.around.endswith("_respect"),
     ),
-    Rule(
-        "exclude",
-        "torch 2.13's checkpoint has no respect_saved_tensors_hooks parameter (it passes unknown keywords to the "
-        "checkpointed function), so routes through torch's own names cannot pass it there.",
-        lambda c: not _TORCH_TAKES_HOOKS_FLAG and c.around.endswith("_respect")
-        and c.route in ("install_import", "install_attr", "torch_wrapper", "hf"),
+    *(  # a rule of this torch only (2.13), so that no rule is dead on the others
+        []
+        if _TORCH_TAKES_HOOKS_FLAG
+        else [
+            Rule(
+                "exclude",
+                "torch 2.13's checkpoint has no respect_saved_tensors_hooks parameter (it passes unknown keywords to "
+                "the checkpointed function), so routes through torch's own names cannot pass it there.",
+                lambda c: c.around.endswith("_respect")
+                and c.route in ("install_import", "install_attr", "torch_wrapper", "hf"),
+            )
+        ]
     ),
     Rule(
         "error",
