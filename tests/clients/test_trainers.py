@@ -34,6 +34,11 @@ TORCH_CREATE_SAC_CONTEXTS = (tuc.create_selective_checkpoint_contexts,)
 Result = tuple[list[torch.Tensor], dict[str, torch.Tensor]]
 
 
+def stock_context_fn() -> Callable[[], Any]:
+    """torch's own SAC (its create_selective_checkpoint_contexts, bound at import) with sac2's ``llm()`` policy."""
+    return functools.partial(TORCH_CREATE_SAC_CONTEXTS[0], sac2.policies.llm())
+
+
 def sac2_context_fn() -> Callable[[], Any]:
     return functools.partial(sac2.create_selective_checkpoint_contexts, sac2.policies.llm())
 
@@ -149,6 +154,16 @@ def test_hf_trainer_with_torch_sac_context_fn_under_install_trains_bitwise_like_
     assert_bitwise(result, hf_no_ac)
 
 
+def test_hf_trainer_with_stock_sac_trains_bitwise_like_no_checkpointing_too(tmp_path, hf_no_ac):
+    """Stock SAC works under the Trainer: the same kwargs without ``install()`` run torch's modes, not sac2's."""
+    kwargs = {"use_reentrant": False, "context_fn": stock_context_fn()}
+    result, forwards = counted(
+        lambda: hf_train(tmp_path, gradient_checkpointing=True, gradient_checkpointing_kwargs=kwargs)
+    )
+    assert forwards == 0
+    assert_bitwise(result, hf_no_ac)
+
+
 # ---- Accelerate ----
 
 
@@ -213,6 +228,16 @@ def test_accelerate_model_calling_torch_checkpoint_under_install_trains_bitwise_
     assert_bitwise(result, accelerate_no_ac)
 
 
+def test_accelerate_with_stock_sac_trains_bitwise_like_no_checkpointing_too(accelerate_no_ac):
+    model = tiny_llama()
+    model.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False, "context_fn": stock_context_fn()}
+    )
+    result, forwards = counted(lambda: accelerate_train(model, steps=4))
+    assert forwards == 0
+    assert_bitwise(result, accelerate_no_ac)
+
+
 def test_accelerate_save_state_load_state_round_trip_resumes_bitwise(tmp_path, accelerate_no_ac):
     """Two steps, ``save_state``; a fresh sac2-checkpointed model and optimizer ``load_state`` it and take the last
     two steps of the uninterrupted run without checkpointing."""
@@ -228,9 +253,9 @@ def test_accelerate_save_state_load_state_round_trip_resumes_bitwise(tmp_path, a
 # ---- Lightning ----
 
 
-def lightning_train(checkpointing: bool) -> Result:
+def lightning_train(checkpointing: bool, stock: bool = False) -> Result:
     """Two steps of ``lightning.Trainer`` on a LightningModule whose ``configure_model`` applies sac2 when
-    ``checkpointing``."""
+    ``checkpointing`` (torch's checkpoint wrapper with its own SAC when ``stock``)."""
     L = pytest.importorskip("lightning")
 
     class LitLlama(L.LightningModule):  # type: ignore[name-defined]  # as _LossTrainer
@@ -240,7 +265,9 @@ def lightning_train(checkpointing: bool) -> Result:
             self.losses: list[torch.Tensor] = []
 
         def configure_model(self) -> None:
-            if checkpointing:
+            if checkpointing and stock:
+                _stock_wrap(self.model)
+            elif checkpointing:
                 sac2.apply_ac(self.model, "selective")
 
         def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:  # noqa: ARG002 (Lightning's hook)
@@ -273,15 +300,32 @@ def test_lightning_configure_model_with_apply_ac_trains_bitwise_like_no_checkpoi
     assert_bitwise(result, reference)
 
 
-def fabric_train(checkpointing: bool) -> Result:
+def test_lightning_with_stock_sac_trains_bitwise_like_no_checkpointing_too():
+    reference = lightning_train(checkpointing=False)
+    result, forwards = counted(lambda: lightning_train(checkpointing=True, stock=True))
+    assert forwards == 0
+    assert_bitwise(result, reference)
+
+
+def _stock_wrap(model: Any) -> None:
+    """Each decoder layer in torch's ``checkpoint_wrapper`` with torch's own SAC."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    for i, layer in enumerate(model.model.layers):
+        model.model.layers[i] = checkpoint_wrapper(layer, context_fn=stock_context_fn())
+
+
+def fabric_train(checkpointing: bool, stock: bool = False) -> Result:
     """Two SGD steps through ``lightning.fabric.Fabric``, each decoder layer in ``sac2.checkpoint_wrapper`` when
-    ``checkpointing``."""
+    ``checkpointing`` (torch's ``checkpoint_wrapper`` with its own SAC when ``stock``)."""
     pytest.importorskip("lightning")
     from lightning.fabric import Fabric
 
     fabric = Fabric(accelerator="cpu", devices=1)
     model = tiny_llama()
-    if checkpointing:
+    if checkpointing and stock:
+        _stock_wrap(model)
+    elif checkpointing:
         for i, layer in enumerate(model.model.layers):
             model.model.layers[i] = sac2.checkpoint_wrapper(layer, context_fn=sac2_context_fn())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -301,6 +345,13 @@ def test_fabric_with_checkpoint_wrapper_trains_bitwise_like_no_checkpointing():
     reference = fabric_train(checkpointing=False)
     result, forwards = counted(lambda: fabric_train(checkpointing=True))
     assert forwards == LAYERS * 2
+    assert_bitwise(result, reference)
+
+
+def test_fabric_with_stock_sac_trains_bitwise_like_no_checkpointing_too():
+    reference = fabric_train(checkpointing=False)
+    result, forwards = counted(lambda: fabric_train(checkpointing=True, stock=True))
+    assert forwards == 0
     assert_bitwise(result, reference)
 
 
