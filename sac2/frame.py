@@ -253,7 +253,7 @@ class Frame:
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
         store: Store = [None] * len(self.holders)
-        early_stop, copy_at, replayed = self.versions.replaying_writes(self.early_stop)
+        early_stop, copy_at = self.versions.replaying_writes(self.early_stop)
         pack, count = self._recompute_hook(store, early_stop, copy_at)
         inputs = [
             _compat.restrided(_compat.unpack_saved_tensor(a), stride)
@@ -276,7 +276,7 @@ class Frame:
             _restore(grad_was, rng, generators)
         if not self.ignore_mismatch:
             try:
-                self._check(count[0], store, replayed)
+                self._check(count[0], store)
             except CheckpointError as error:
                 self._explain(error)
                 raise
@@ -334,7 +334,7 @@ class Frame:
         if self.trace is not None and type(error) in (RuntimeError, CheckpointError):
             raise type(error)(self.trace.explain(str(error))) from error
 
-    def _check(self, count: int, store: Store, replayed: frozenset[int]) -> None:
+    def _check(self, count: int, store: Store) -> None:
         """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device,
         but not where the forward's tensor was written after the save (a ``resize_``): its own node's unpack raises
         autograd's error if it runs (rule 3), and recompute may replay the write (rule 3a)."""
@@ -346,7 +346,7 @@ class Frame:
         bad = [
             (i, _meta(meta), _meta((t.shape, t.dtype, t.device)))
             for i, (meta, t) in enumerate(zip(self.metas, store, strict=True))
-            if isinstance(t, Tensor) and i not in replayed
+            if isinstance(t, Tensor)
             and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device) and not self.versions.changed(i)
         ]
         if bad:

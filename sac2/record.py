@@ -34,8 +34,6 @@ Written = tuple[tuple[writes.Path, Tensor], ...]
 Hooks = _compat.HookPair
 _detach = _compat.detach_keeping_version
 
-#: (generator, state before the op, state after it): serving moves the generator only from before to after.
-
 #: ``Saved.offload`` of an entry answered CPU_OFFLOAD whose forward is still running.
 PENDING = "pending"
 

@@ -46,8 +46,8 @@ class SavedVersions:
         entry = self.entries[i] if self.entries is not None else None
         if entry is None:
             return
-        saved, packed_version, shape = entry
-        x = saved if isinstance(saved, Tensor) else saved()
+        _, packed_version, shape = entry
+        x = _tensor(entry)
         if x is None or _compat.version(x) == packed_version:
             return
         tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
@@ -71,23 +71,22 @@ class SavedVersions:
             return
         self.end_versions = [None if x is None else _compat.version(x) for x in map(_tensor, self.entries)]
 
-    def replaying_writes(self, early_stop: bool) -> tuple[bool, frozenset[int], frozenset[int]]:
+    def replaying_writes(self, early_stop: bool) -> tuple[bool, frozenset[int]]:
         """Rule 3a, for each tensor the forward wrote into after saving it under the user's hooks: where they keep
         the tensor itself, recompute runs to the end (no early stop) so the same writes reach the recomputed one;
-        where they copy, recompute keeps a copy at that position. Returns (early stop, positions to copy,
-        positions whose write recompute replays)."""
+        where they copy, recompute keeps a copy at that position. Returns (early stop, positions to copy)."""
         if self.end_versions is None or self.entries is None:
-            return early_stop, frozenset(), frozenset()
-        copy, replayed = set(), set()
+            return early_stop, frozenset()
+        copy, replayed = set(), False
         for i, (entry, ended) in enumerate(zip(self.entries, self.end_versions, strict=True)):
             x = _tensor(entry)
             if entry is None or x is None or ended is None or ended == entry[1]:
                 continue
             if self._hooks_keep(x.device):
-                replayed.add(i)
+                replayed = True
             else:
                 copy.add(i)
-        return early_stop and not replayed, frozenset(copy), frozenset(replayed)
+        return early_stop and not replayed, frozenset(copy)
 
     def _hooks_keep(self, device: torch.device) -> bool:
         """Whether the user's hooks hand back the tensor they were given (not a copy), probed once per device with

@@ -474,8 +474,7 @@ def run_case(case: int | Program) -> CaseResult:
             differs = diff(first, mode, expected_rng) is not None
         if differs:
             status, plain_cat = "reported", "differs under any dispatch mode"
-    if (status == "fail" and verdict in ("wrong", "accepts_rejected") and program.hooks
-            and _hooks_change_torchs_result(program, outcomes)):
+    if status == "fail" and verdict in ("wrong", "accepts_rejected") and _hooks_change_torchs_result(program, outcomes):
         # The user's hook hands backward a restrided copy and torch's backward computes another result from it
         # (layer_norm's CPU backward) or fails on it (a view of it): sac2's recompute hands back the forward's
         # layout, as hooks that copy without restriding do. Reported, not failed.
