@@ -13,16 +13,14 @@ from __future__ import annotations
 import pytest
 
 from tests.fuzz.oracle import CaseResult, mode_state, run_case
-from tests.fuzz.programs import BACKWARDS, KINDS, NEW_KINDS, NEW_KINDS_IN_SLICE, generate
+from tests.fuzz.programs import BACKWARDS, KINDS, generate
 
 SEEDS = range(0, 1000)
 
 
 @pytest.fixture(scope="module")
 def results() -> list[CaseResult]:
-    # With NEW_KINDS_IN_SLICE (tests/fuzz/programs.py) the slice has the kinds of issue 25 (sac2 passes these
-    # seeds with them); the long mode always has them.
-    return [run_case(generate(seed, new_kinds=NEW_KINDS_IN_SLICE)) for seed in SEEDS]
+    return [run_case(generate(seed)) for seed in SEEDS]
 
 
 def test_no_case_of_the_slice_fails(results: list[CaseResult]) -> None:
@@ -40,8 +38,7 @@ def test_most_programs_of_the_slice_are_valid(results: list[CaseResult]) -> None
 
 def test_the_slice_covers_every_op_kind(results: list[CaseResult]) -> None:
     seen = {kind for r in results if r.status != "invalid" for kind in r.program.kinds}
-    expected = set(KINDS) if NEW_KINDS_IN_SLICE else set(KINDS) - set(NEW_KINDS)
-    assert expected - seen == set()
+    assert set(KINDS) - seen == set()
     assert "njt" in seen
 
 

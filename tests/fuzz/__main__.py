@@ -108,6 +108,9 @@ def summarize(results: list[CaseResult], seconds: float) -> str:
         "",
         "sac2 verdicts: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items(), key=lambda kv: -kv[1])) + ".",
     ]
+    if reported:
+        reasons = collections.Counter(r.reason for r in reported)
+        lines.append("Reported, not failed: " + "; ".join(f"{why} {n}" for why, n in reasons.most_common()) + ".")
     if failing:
         classes: dict[str, list[CaseResult]] = collections.defaultdict(list)
         for r in failing:
@@ -135,17 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", type=int, help="run this one seed")
     parser.add_argument("--verbose", action="store_true", help="print each case's program as Python source")
     parser.add_argument("--shrink", action="store_true", help="shrink each failing case to a smaller one")
-    parser.add_argument(
-        "--without-new-kinds", action="store_true",
-        help="generate without the kinds of issue 25 (programs.NEW_KINDS) that sac2 does not pass yet (CI's gate)",
-    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     seeds = [args.only] if args.only is not None else range(args.seed, args.seed + args.cases)
     results = []
     start = time.perf_counter()
     for seed in seeds:
-        result = run_case(generate(seed, new_kinds=not args.without_new_kinds))
+        result = run_case(generate(seed))
         if args.shrink and result.status == "fail":
             result = shrink(result)
         results.append(result)
@@ -155,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"# -> {result.status}: sac2 {result.sac2}, stock {result.stock}, plain {result.plain}; "
                 f"{result.detail}"
                 + (f"\n# the un-checkpointed run raises: {result.oracle_error}" if result.oracle_error else "")
+                + (f"\n# reported, not failed: {result.reason}" if result.reason else "")
                 + "\n"
             )
     text = summarize(results, time.perf_counter() - start)

@@ -70,10 +70,11 @@ class CaseResult:
     status: str  # "pass", "fail", "reported", "invalid"
     sac2: str = ""  # the verdict (``_verdict``): "exact", "same_error", "documented_error", or a failure
     stock: str = ""  # stock SAC's summary class (``CLASSES``), recorded, never judged
-    plain: str = ""  # plain checkpoint's summary class, or "differs under any dispatch mode"
+    plain: str = ""  # plain checkpoint's summary class (``CLASSES``), recorded, never judged
     detail: str = ""  # what differed, or the error
     sac2_class: str = ""  # sac2's summary class (``CLASSES``)
     oracle_error: str = ""  # the un-checkpointed run's error, where it raises
+    reason: str = ""  # why a failure is reported instead (status "reported")
 
     def line(self) -> str:
         """A one-line reproducer."""
@@ -464,6 +465,7 @@ def run_case(case: int | Program) -> CaseResult:
     classes = {v: summary_class(first, o, diffs[v]) for v, o in outcomes.items()}
     verdict = _verdict(first, outcomes["sac2"], diffs["sac2"], program)
     status = "pass" if verdict in PASSING else "fail"
+    reason = ""
     if verdict in ("wrong", "needless_error", "unclear_error", "accepts_rejected"):
         # torch itself computes differently (or fails, or stops failing) under any dispatch mode (e.g. matmul
         # decomposes another way): every mode-based SAC inherits it. Reported, not failed.
@@ -473,16 +475,16 @@ def run_case(case: int | Program) -> CaseResult:
         else:
             differs = diff(first, mode, expected_rng) is not None
         if differs:
-            status, plain_cat = "reported", "differs under any dispatch mode"
+            status, reason = "reported", "torch differs under any dispatch mode"
     if status == "fail" and verdict in ("wrong", "accepts_rejected") and _hooks_change_torchs_result(program, outcomes):
         # The user's hook hands backward a restrided copy and torch's backward computes another result from it
         # (layer_norm's CPU backward) or fails on it (a view of it): sac2's recompute hands back the forward's
         # layout, as hooks that copy without restriding do. Reported, not failed.
-        status, plain_cat = "reported", "torch computes differently from the hook's restrided copy"
+        status, reason = "reported", "torch computes differently from the hook's restrided copy"
     if status == "fail" and verdict == "wrong" and not program.preserve_rng_state and _draws(program, first):
         # preserve_rng_state=False asks a recompute to draw from the live generator: what it draws differs from
         # the forward by request. Reported (the lead reads them), not failed.
-        status = "reported"
+        status, reason = "reported", "preserve_rng_state=False draws from the live generator"
     if first.error:
         detail = outcomes["sac2"].error or f"no error where the oracle raises: {first.error}"
     else:
@@ -496,5 +498,6 @@ def run_case(case: int | Program) -> CaseResult:
         plain_cat,
         detail.splitlines()[0][:300] if detail else "",
         sac2_class=classes["sac2"],
+        reason=reason,
         oracle_error=(first.error or "").splitlines()[0][:300] if first.error else "",
     )
