@@ -4,7 +4,8 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 """
 
 from sac2 import policies
-from sac2.advisor import Advice, advise
+from sac2.advice import Advice
+from sac2.advisor import advise
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.apply import apply_ac
 from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
