@@ -4,12 +4,13 @@ Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; e
 """
 
 from sac2 import policies
-from sac2.advisor import Advice, advise
+from sac2.advice import Advice
+from sac2.advisor import advise
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.apply import apply_ac
 from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
 from sac2.compiled import compiled_region
-from sac2.frame import preserve_generators, use_torch_frame
+from sac2.frame_switches import preserve_generators, use_torch_frame
 from sac2.integrations import install, installed
 from sac2.keys import Region, region_of
 from sac2.notices import forward_count

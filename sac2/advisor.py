@@ -5,8 +5,8 @@ list as the reference, one-line regions, memory budgets) gets its own deep copy 
 same inputs side by side in one process, taking turns step by step (``sac2.bench.job.turns``), as ``sac2 bench``
 does. Step 0 of each measures memory (``sac2.bench.memory.measure_step``: kept = allocated by forward and alive when
 backward starts) and is not timed; every step's loss and gradients are compared with no checkpointing's, bit for
-bit. The answer (``Advice``) holds the rows, the Pareto front of step time against kept bytes, and the fastest
-setup whose kept bytes fit the memory target, with the one line of code that sets it up.
+bit. The answer (``sac2.advice.Advice``) holds the rows, the Pareto front of step time against kept bytes, and the
+fastest setup whose kept bytes fit the memory target, with the one line of code that sets it up.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import copy
 import functools
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -24,16 +24,14 @@ from torch import nn
 
 from sac2 import messages
 from sac2._compat import tree_map
+from sac2.advice import Advice, recommend
 from sac2.apply import apply_ac
 from sac2.bench.job import Progress, Result, grads_equal, turns
 from sac2.bench.memory import measure_step
-from sac2.bench.output import pareto_front
 from sac2.policies import llm
 from sac2.policies.budget import MemoryBudget, memory_budget
 
-__all__ = [
-    "Advice", "Candidate", "advise", "block_memory_budget", "candidates_for", "BUDGET_FRACTIONS", "DEFAULT_TARGET",
-]
+__all__ = ["Candidate", "advise", "block_memory_budget", "candidates_for", "BUDGET_FRACTIONS", "DEFAULT_TARGET"]
 
 #: The memory budgets tried, as fractions of what saving every op of a block keeps.
 BUDGET_FRACTIONS = (0.3, 0.5, 0.7)
@@ -55,119 +53,6 @@ class Candidate:
     reference: bool = False
 
 
-@dataclass
-class Advice:
-    """What ``sac2.advise`` measured, and the setup it recommends.
-
-    ``str(advice)`` is the report ``python -m sac2 advise`` prints; ``table()``, ``to_json()`` and ``plot()`` give
-    the same figures in other forms. Built by ``sac2.advise``, not by hand.
-
-    Args:
-        rows: a row per setup that ran, no checkpointing first (``Result.policy`` holds the setup's line of code).
-        skipped: setup name -> why it was skipped.
-        front: the Pareto front: names of the recommendable rows that no other is both faster than and keeps
-            less than.
-        target_bytes: the memory target in bytes.
-        recommended: the recommended row's name; None when no setup fits the target.
-        references: names of rows shown for comparison only, never recommended (stock SAC).
-        device: where the setups ran.
-        steps: timed steps per setup.
-    """
-
-    rows: list[Result]
-    skipped: dict[str, str]
-    front: list[str]
-    target_bytes: int
-    recommended: str | None
-    references: list[str] = field(default_factory=list)
-    device: str = "cpu"
-    steps: int = 1
-
-    def row(self, name: str) -> Result:
-        """The row named ``name``."""
-        for r in self.rows:
-            if r.name == name:
-                return r
-        raise KeyError(name)
-
-    @property
-    def code(self) -> str | None:
-        """The line of code of the recommended setup."""
-        return None if self.recommended is None else self.row(self.recommended).policy
-
-    def __str__(self) -> str:
-        lines = [
-            f"sac2 advise: {len(self.rows)} setups, {self.steps} timed steps each, {self.device}; "
-            f"memory target {_mib(self.target_bytes)} kept for backward",
-            self.table(),
-            f"Pareto front (step time against kept memory): {', '.join(self.front)}",
-        ]
-        if self.references:
-            lines.append(f"reference only (not recommended): {', '.join(self.references)}")
-        if any(not r.equal for r in self.rows):
-            lines.append("NOT bitwise equal to no checkpointing (never recommended): "
-                         + ", ".join(r.name for r in self.rows if not r.equal))
-        for name, reason in self.skipped.items():
-            lines.append(f"skipped {name}: {reason}")
-        if self.recommended is None:
-            least = min((r for r in self.rows if r.equal), key=lambda r: r.kept_bytes)
-            lines.append(messages.advise_nothing_fits(_mib(self.target_bytes), least.name, _mib(least.kept_bytes)))
-        else:
-            r = self.row(self.recommended)
-            lines.append(f"recommended: {r.name} (fastest setup keeping at most {_mib(self.target_bytes)}: "
-                         f"{_mib(r.kept_bytes)} kept, {r.median_s / self.rows[0].median_s:.2f}x the step of none)")
-            lines.append(f"    {r.policy}")
-        return "\n".join(lines)
-
-    def table(self) -> str:
-        """The rows as an aligned text table: time and memory against no checkpointing (the first row), whether each
-        is on the Pareto front and fits the target."""
-        none = self.rows[0]
-        unit, scale = ("MiB", 2**20) if none.kept_bytes >= 2**20 else ("KiB", 2**10)
-        header = ("setup", "step ms", "vs none", f"kept {unit}", "vs none", f"peak {unit}", "equal", "front", "fits",
-                  "code")
-        rows = [
-            (
-                r.name,
-                f"{r.median_s * 1e3:.1f}",
-                f"{r.median_s / none.median_s:.2f}x",
-                f"{r.kept_bytes / scale:.1f}",
-                f"{r.kept_bytes / max(none.kept_bytes, 1):.2f}x",
-                f"{r.peak_bytes / scale:.1f}",
-                "yes" if r.equal else "NO",
-                "*" if r.name in self.front else "",
-                "yes" if r.kept_bytes <= self.target_bytes else "",
-                r.policy,
-            )
-            for r in self.rows
-        ]
-        widths = [max(len(row[c]) for row in (header, *rows)) for c in range(len(header))]
-        return "\n".join(
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in (header, *rows)
-        )
-
-    def to_json(self) -> str:
-        """The advice as a JSON document (rows with their step times, kept and peak bytes, equality, code)."""
-        base = self.rows[0].median_s
-        rows = [{**asdict(r), "code": r.policy, "median_s": r.median_s, "ratio_to_none": r.median_s / base}
-                for r in self.rows]
-        for r in rows:
-            del r["policy"]
-        payload = {"device": self.device, "steps": self.steps, "torch": torch.__version__,
-                   "target_bytes": self.target_bytes, "rows": rows, "skipped": self.skipped,
-                   "pareto_front": self.front, "references": self.references, "recommended": self.recommended,
-                   "code": self.code}
-        return json.dumps(payload, indent=2)
-
-    def plot(self, path: str) -> None:
-        """Save a scatter of kept memory against step time to ``path``, the front marked (needs matplotlib)."""
-        from sac2.bench.output import plot
-
-        plot(self.rows, None, path, f"sac2 advise: {self.device}, {self.steps} steps")
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def _stock_sac(model: nn.Module) -> None:
@@ -388,18 +273,5 @@ def advise(
                 bar.step()
         for i in range(1, len(setups)):
             results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=True)
-    return _advice(results, setups, skipped, _target_bytes(memory_target, results[0].kept_bytes), str(dev), steps)
-
-
-def _advice(
-    results: list[Result], setups: list[Candidate], skipped: dict[str, str], target: int, device: str, steps: int
-) -> Advice:
-    eligible = [i for i, (r, c) in enumerate(zip(results, setups, strict=True)) if r.equal and not c.reference]
-    front = [eligible[j] for j in pareto_front([(results[i].median_s, results[i].kept_bytes) for i in eligible])]
-    fits = [i for i in eligible if results[i].kept_bytes <= target]
-    best = min(fits, key=lambda i: results[i].median_s) if fits else None
-    return Advice(
-        rows=results, skipped=skipped, front=[results[i].name for i in front], target_bytes=target,
-        recommended=None if best is None else results[best].name,
-        references=[c.name for c in setups if c.reference], device=device, steps=steps,
-    )
+    target = _target_bytes(memory_target, results[0].kept_bytes)
+    return recommend(results, [c.reference for c in setups], skipped, target, str(dev), steps)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
 import torch
 import torch.utils.checkpoint as _tuc
 
-from sac2 import _compat, frame, messages
+from sac2 import _compat, frame_entry, messages
 from sac2.answers import Policy, as_policy
 from sac2.modes import CachingMode, ReplayMode
 from sac2.notices import count_forward
@@ -224,7 +224,7 @@ def _run(
         # counter's value and recompile at every step
     if use_reentrant or compiling:
         return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), options)
-    return frame.run(function, args, kwargs, **options)
+    return frame_entry.run(function, args, kwargs, **options)
 
 
 def _torch_checkpoint(

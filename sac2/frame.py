@@ -1,14 +1,15 @@
 """sac2's eager checkpoint frame: torch's non-reentrant checkpoint semantics at a small constant cost per tensor.
 
 A checkpoint frame decides what autograd keeps. In forward it pushes a pair of saved-tensor hooks: each tensor
-autograd would save becomes a ``_Holder`` (its position in the forward), and the function's tensor inputs are saved
+autograd would save becomes a ``Holder`` (its position in the forward), and the function's tensor inputs are saved
 as autograd saves tensors, so an enclosing checkpoint, or the user's ``save_on_cpu``, manages them. The first unpack
 of a backward (one graph task, or one ``GraphExecGroup``) runs the function again under recompute hooks that store
 each saved tensor at its position, with the forward's RNG, autocast and device context; each unpack hands its
 tensor over and forgets it. Recompute stops once the last tensor the forward saved is back (early stop), and the
 shapes, dtypes and devices are compared with the forward's (the determinism check).
 
-The rules it keeps (each proven by the test named; torch's NOTE [Nestable Checkpoint] states the same for its frame):
+The rules sac2's frame keeps (each proven by the test named; torch's NOTE [Nestable Checkpoint] states the same for
+its frame): ``Frame`` keeps 1 to 6, ``sac2.frame_entry``, which enters and leaves the forward, keeps 7 and 8.
 
 1. A tensor autograd saves in the checkpointed forward is kept as its position only; the first unpack of each
    backward (graph task or ``GraphExecGroup``) recomputes them all (``test_frame``: bytes kept, retain_graph twice).
@@ -34,41 +35,34 @@ The rules it keeps (each proven by the test named; torch's NOTE [Nestable Checkp
 
 The cost is a few list operations per saved tensor and hook, where torch's frame builds per-tensor dictionaries
 and handles and calls through ``torch._dynamo.disable`` wrappers. Code traced by torch.compile, export or FX runs
-on torch's own frame (its HOP), which is also one switch away (``use_torch_frame``).
+on torch's own frame (its HOP), which is also one switch away (``use_torch_frame``); ``sac2.frame_entry`` picks
+the frame for each call.
 """
 
 from __future__ import annotations
 
 import enum
-import threading
-import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Final, TypeAlias
+from typing import Any, Callable, ContextManager, Final, TypeAlias
 
 import torch
 from torch.utils.checkpoint import GraphExecGroup
 
 from sac2 import _compat, messages
 from sac2.debug_trace import OpTrace
+from sac2.frame_switches import preserved_generators
 from sac2.invariants import InternalError
-from sac2.notices import count_forward
 from sac2.saved_versions import SavedVersions
 
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-__all__ = ["run", "frames", "use_torch_frame", "torch_frame_in_use", "preserve_generators", "CheckpointError"]
+__all__ = ["Frame", "Holder", "CheckpointError"]
 
 Tensor = torch.Tensor
 CheckpointError = _compat.CheckpointError
-ContextFn = _compat.ContextFn
 #: What the determinism check compares of a saved tensor: its shape, dtype and device.
 Meta: TypeAlias = tuple[torch.Size, torch.dtype, torch.device]
 
-_DETERMINISM_CHECKS = ("default", "none")
 
-
-class _Holder:
+class Holder:
     """What autograd keeps for one tensor the checkpointed forward saved: its position. The frame references it
     weakly, so a recompute does not keep tensors whose part of the graph is gone."""
 
@@ -88,73 +82,6 @@ class _Slot(enum.Enum):
 _UNPACKED: Final = _Slot.UNPACKED
 #: What recompute leaves at each position: the tensor, None where its holder was gone, or ``_UNPACKED``.
 Store: TypeAlias = list["Tensor | None | _Slot"]
-
-
-class _Switch(threading.local):
-    torch_frame: bool = False
-    generators: tuple[torch.Generator, ...] = ()
-
-
-_switch = _Switch()
-
-
-class use_torch_frame:
-    """Run sac2's eager checkpoints on torch's own non-reentrant frame instead of sac2's, to compare the two.
-
-    Like ``torch.set_grad_enabled``: ``sac2.use_torch_frame()`` switches this thread until switched back
-    (``sac2.use_torch_frame(False)``), and ``with sac2.use_torch_frame(): ...`` switches for the block only.
-    sac2's policies and modes still decide what is kept; only the frame (hooks, recompute) is torch's.
-
-    Args:
-        enabled: True (the default) runs torch's frame from now on in this thread; False runs sac2's again.
-            Leaving the ``with`` block restores whichever was in use before.
-    """
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.prev = _switch.torch_frame
-        _switch.torch_frame = bool(enabled)
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        _switch.torch_frame = self.prev
-
-
-def torch_frame_in_use() -> bool:
-    """Whether ``use_torch_frame`` is on in this thread."""
-    return _switch.torch_frame
-
-
-class preserve_generators:
-    """Checkpoints entered in this block replay these generators in recompute, as they replay the global RNG.
-
-    sac2's selective modes see every op that draws from a generator passed as ``generator=g`` and replay it
-    already; code no mode sees (full AC, the ops between one-line regions) draws from ``g`` again in recompute
-    unless ``g`` is named here, and would get other numbers than the forward did. Each generator is left where the
-    forward left it. ``with sac2.preserve_generators(g): loss = model(x)``; nests, per thread.
-
-    Args:
-        *generators: the ``torch.Generator``s to save at each checkpoint's start and replay in its recompute,
-            added to those of enclosing ``preserve_generators`` blocks.
-
-    Raises:
-        TypeError: one of ``generators`` is not a ``torch.Generator``.
-    """
-
-    def __init__(self, *generators: torch.Generator) -> None:
-        for g in generators:
-            if not isinstance(g, torch.Generator):
-                raise TypeError(messages.not_a_generator(g))
-        self.generators = generators
-        self.prev: tuple[torch.Generator, ...] = ()
-
-    def __enter__(self) -> None:
-        self.prev = _switch.generators
-        _switch.generators = self.prev + self.generators
-
-    def __exit__(self, *exc: object) -> None:
-        _switch.generators = self.prev
 
 
 class Frame:
@@ -183,7 +110,7 @@ class Frame:
         self.recompute_context = recompute_context
         self.early_stop = early_stop
         self.check = determinism_check == "default"
-        self.holders: list[weakref.ref[_Holder]] = []
+        self.holders: list[weakref.ref[Holder]] = []
         self.metas: list[Meta] = []
         #: The saved tensors' versions, for autograd's in-place check (rules 3 and 3a).
         self.versions = SavedVersions()
@@ -193,7 +120,7 @@ class Frame:
         self.devices = _compat.checkpoint_devices(args)
         self.autocast = _compat.autocast_state(self.devices)
         self.rng = _compat.rng_states(self.devices) if preserve_rng_state else None
-        self.generators = [(g, g.get_state()) for g in _switch.generators]
+        self.generators = [(g, g.get_state()) for g in preserved_generators()]
         self.trace: OpTrace | None = None  # debug=True: the ops forward and recompute ran
         self.device_context = _compat.device_context()
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
@@ -204,16 +131,16 @@ class Frame:
         #: and ops whose result depends on strides (``empty_like`` then ``uniform_``) must see the forward's.
         self.input_strides = [_compat.plain_strides(a) for a in args]
 
-    def hooks(self) -> tuple[Callable[[Tensor], _Holder], Callable[[_Holder], Tensor]]:
+    def hooks(self) -> tuple[Callable[[Tensor], Holder], Callable[[Holder], Tensor]]:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
         hooks in its graph): only the unpack hook does."""
         holders, metas, versions, check = self.holders, self.metas, self.versions.entries, self.check
-        ref, new, version, witness = weakref.ref, _Holder.__new__, _compat.version, _compat.version_witness
+        ref, new, version, witness = weakref.ref, Holder.__new__, _compat.version, _compat.version_witness
         # The inputs are saved as autograd saves tensors (see __init__): autograd checks their versions itself.
         inputs = self.input_ids
 
-        def pack(x: Tensor) -> _Holder:
-            h = new(_Holder)
+        def pack(x: Tensor) -> Holder:
+            h = new(Holder)
             h.index = len(holders)
             holders.append(ref(h))
             if versions is not None and id(x) in inputs:
@@ -227,7 +154,7 @@ class Frame:
 
         return pack, self.unpack
 
-    def unpack(self, h: _Holder) -> Tensor:
+    def unpack(self, h: Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
         self.versions.check(h.index, here=True)
         gid = _compat.graph_task()
@@ -392,197 +319,11 @@ def _meta(meta: Meta) -> dict[str, object]:
     return {"shape": meta[0], "dtype": meta[1], "device": meta[2]}
 
 
-# What backward calls: never traced by dynamo (compiled autograd would see eager hooks), as torch disables its own.
-_compat.skip_dynamo_in_code(Frame.unpack, Frame.recompute, _run_in)
-
-
-def _delegated() -> bool:
-    """Whether this call runs on torch's frame: code torch.compile/export/FX traces, or the switch."""
-    return _switch.torch_frame or _compat.traced_checkpoint()
-
-
-def _validate(determinism_check: str) -> None:
-    if determinism_check not in _DETERMINISM_CHECKS:
-        raise ValueError(messages.bad_determinism_check(_DETERMINISM_CHECKS, determinism_check))
-
-
-def run(
-    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[_compat.FrameOptions]
-) -> Any:
-    """``function(*args, **kwargs)`` checkpointed by sac2's frame, or by torch's where sac2's does not apply."""
-    _validate(options["determinism_check"])
-    if _delegated():
-        told: list[ContextManager[object] | None] = []
-        out = _compat.run_torch_frame(function, args, kwargs, **_telling(options, told))
-        _warn_if_bypassed(told, stacklevel=5)
-        return out
-    forward = _Forward.start(function, args, kwargs, options)
-    if forward is None:
-        return function(*args, **kwargs)
-    try:
-        out = function(*args, **kwargs)
-    except BaseException as error:
-        forward.end(error)
-        raise
-    forward.end(None)
-    return out
-
-
-def frames(
-    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[_compat.FrameOptions]
-) -> _compat.FrameGenerator:
-    """The same as ``run``, in the shape of torch's frame: a generator that yields once, while the function runs,
-    and that torch's ``checkpoint`` drives with ``next``/``throw`` while sac2 is installed."""
-    _validate(options["determinism_check"])
-    if _delegated():
-        told: list[ContextManager[object] | None] = []
-        yield from _compat.torch_frame(function, args, kwargs, **_telling(options, told))
-        _warn_if_bypassed(told, stacklevel=4)
-        return
-    if options["context_fn"] is _compat.noop_context_fn:
-        count_forward()  # full AC through sac2 counts, so a check that sac2 runs holds for it too
-    forward = _Forward.start(function, args, kwargs, options)
-    if forward is None:
-        yield
-        return
-    try:
-        yield
-    except BaseException as error:
-        forward.end(error)
-        raise
-    forward.end(None, stacklevel=5)  # warnings point at the line calling torch's checkpoint
-
-
-class _Forward:
-    """One checkpointed forward on sac2's frame, between ``start`` (before the function runs) and ``end``."""
-
-    __slots__ = ("frame", "context", "pack", "warn_bypassed")
-
-    def __init__(self, frame: Frame, context: ContextManager[object] | None, warn_bypassed: bool) -> None:
-        self.frame, self.context, self.warn_bypassed = frame, context, warn_bypassed
-        self.pack, unpack = frame.hooks()
-        _enter(context, self.pack, unpack)
-
-    @classmethod
-    def start(
-        cls, function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], o: _compat.FrameOptions
-    ) -> _Forward | None:
-        """The forward's frame, entered; None in no-grad mode, where nothing is saved to checkpoint."""
-        forward_context, recompute_context, warn_bypassed = _contexts(o["context_fn"], o["respect_saved_tensors_hooks"])
-        if not torch.is_grad_enabled():
-            return None
-        frame = _frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
-                       o["early_stop"])
-        if o["debug"] or _compat.checkpoint_debug_override():
-            frame.trace = OpTrace()
-            forward_context = frame.trace.around(forward_context)
-        return cls(frame, forward_context, warn_bypassed)
-
-    def end(self, error: BaseException | None, stacklevel: int = 6) -> None:
-        """Leave the forward (``error``: what it raised); ``stacklevel`` of the line that called ``checkpoint``."""
-        _exit(self.context, self.pack, error)
-        if error is not None:
-            return
-        _completed(self.frame)
-        if self.warn_bypassed:
-            _warn_if_bypassed([self.context], stacklevel)
-
-
-def _contexts(
-    context_fn: ContextFn, respect_saved_tensors_hooks: bool | None
-) -> tuple[ContextManager[object] | None, ContextManager[object] | None, bool]:
-    """The (forward, recompute) contexts ``context_fn`` gives ((None, None) for torch's no-op default, which the
-    frame then skips entering), told whether what they save goes through the user's saved-tensor hooks in scope
-    (rule 7); and whether torch's FutureWarning is due if something is saved (the hooks were bypassed by default)."""
-    if context_fn is _compat.noop_context_fn:
-        return None, None, False
-    forward_context, recompute_context = context_fn()
-    _compat.tell_torch_sac_modes(forward_context, respect_saved_tensors_hooks)
-    if not hasattr(forward_context, "saved_tensors_hooks"):  # not sac2's: torch's or the user's own contexts
-        return forward_context, recompute_context, False
-    hooks = _compat.user_saved_tensors_hooks()
-    forward_context.saved_tensors_hooks = hooks if respect_saved_tensors_hooks else None
-    return forward_context, recompute_context, hooks is not None and respect_saved_tensors_hooks is None
-
-
-def _warn_if_bypassed(contexts: list[ContextManager[object] | None], stacklevel: int) -> None:
-    """torch's FutureWarning, once the forward is done, if one of ``contexts`` (forward contexts whose saves
-    bypassed the user's hooks by default) saved something."""
-    for context in contexts:
-        record = getattr(context, "record", None)
-        if record is not None and record.saves_anything():
-            warnings.warn(messages.HOOKS_BYPASSED, FutureWarning, stacklevel=stacklevel)
-            return
-
-
-def _telling(options: _compat.FrameOptions, told: list[ContextManager[object] | None]) -> _compat.FrameOptions:
-    """``options`` for torch's frame, with a ``context_fn`` that tells sac2's forward context about the user's
-    saved-tensor hooks as sac2's frame does (rule 7); forward contexts owing the warning go to ``told``."""
-    context_fn, respect = options["context_fn"], options["respect_saved_tensors_hooks"]
-    if context_fn is _compat.noop_context_fn:
-        return options
-
-    def telling() -> tuple[ContextManager[object], ContextManager[object]]:
-        forward, recompute, warn = _contexts(context_fn, respect)
-        if forward is None or recompute is None:
-            raise InternalError(messages.internal_error(messages.NO_CONTEXTS))
-        if warn:
-            told.append(forward)
-        return forward, recompute
-
-    return {**options, "context_fn": telling}
-
-
-def _frame(
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    preserve_rng_state: bool,
-    recompute_context: ContextManager[object] | None,
-    determinism_check: str,
-    early_stop: bool,
-) -> Frame:
-    override = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
-    return Frame(function, args, kwargs, preserve_rng_state, recompute_context, determinism_check,
-                 early_stop if override is None else override)
-
-
-def _enter(
-    forward_context: ContextManager[object] | None,
-    pack: Callable[[Tensor], _Holder],
-    unpack: Callable[[_Holder], Tensor],
-) -> None:
-    _compat.push_checkpoint_hooks(pack, unpack, forward=True)
-    if forward_context is None:
-        return
-    try:
-        forward_context.__enter__()
-    except BaseException:
-        _compat.pop_checkpoint_hooks(pack)
-        raise
-
-
-def _exit(
-    forward_context: ContextManager[object] | None, pack: Callable[[Tensor], _Holder], error: BaseException | None
-) -> None:
-    """Leave the forward context, then pop the hooks (``with hooks, forward_context:`` in torch's frame)."""
-    try:
-        if forward_context is None:
-            pass
-        elif error is None:
-            forward_context.__exit__(None, None, None)
-        elif forward_context.__exit__(type(error), error, error.__traceback__):
-            raise RuntimeError(messages.CONTEXT_SUPPRESSED_ERROR)
-    finally:
-        _compat.pop_checkpoint_hooks(pack)
-
-
 def _copy(x: Tensor) -> Tensor:
     with _compat.no_modes(), torch.no_grad():  # not an op of the user's program
         return x.clone()
 
 
-def _completed(frame: Frame) -> None:
-    frame.end_forward()
-    if frame.rng is not None and _compat.device_initialized_since(frame.devices, frame.rng):
-        raise RuntimeError(messages.DEVICE_INITIALIZED_IN_FORWARD)
+# What backward calls: never traced by dynamo (compiled autograd would see eager hooks), as torch disables its own.
+_compat.skip_dynamo_in_code(Frame.unpack, Frame.recompute, _run_in)
+

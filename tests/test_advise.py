@@ -76,7 +76,7 @@ def make_nothing() -> int:
 
 
 @pytest.fixture(scope="module")
-def advice() -> advisor.Advice:
+def advice() -> sac2.Advice:
     model, inputs = make_model()
     return sac2.advise(model, inputs, steps=1, progress=False)
 
@@ -88,7 +88,7 @@ def _attach(request, advice):
 
 @pytest.mark.usefixtures("_attach")
 class TestAdvice(TestCase):
-    advice: advisor.Advice  # set by _attach
+    advice: sac2.Advice  # set by _attach
 
     def test_runs_every_builtin_setup_that_applies_no_checkpointing_first(self):
         self.assertEqual(

@@ -1005,7 +1005,7 @@ def _block_step(block: Block, x: torch.Tensor, policy: Any, between: Callable[[]
 @POLICIES
 def test_two_threads_checkpointing_concurrently_get_the_single_threaded_results(policy):
     def threaded() -> list:
-        use_torch = sac2.frame.torch_frame_in_use()  # the switch is per thread: each thread sets its own
+        use_torch = sac2.frame_switches.torch_frame_in_use()  # the switch is per thread: each thread sets its own
         blocks = _blocks()
         barrier, errors = threading.Barrier(2), []
         results: list[Any] = [None, None]

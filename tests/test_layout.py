@@ -181,9 +181,15 @@ def test_the_private_name_checks_see_code_and_not_comments_or_strings(tmp_path: 
     assert cross_module_private_names(pkg, "pkg") == ["pkg/a.py:9: pkg.b._helper", "pkg/a.py:11: b._helper"]
 
 
-#: Where message texts may be written out: the one home of user-facing messages, and the bench's command line,
-#: whose argparse errors belong to it.
-MESSAGE_HOMES = ("messages.py", "bench/cli.py")
+#: Where message texts may be written out: the one home of user-facing messages (the ``messages`` package, every
+#: module in it), and the bench's command line, whose argparse errors belong to it.
+MESSAGE_PACKAGE = "messages"
+MESSAGE_FILES = ("bench/cli.py",)
+
+
+def _message_home(relative: Path) -> bool:
+    """Whether a file (relative to the package root) may write message texts out."""
+    return relative.parts[0] == MESSAGE_PACKAGE or relative.as_posix() in MESSAGE_FILES
 
 
 def _written_out(node: ast.expr) -> bool:
@@ -197,7 +203,7 @@ def inline_messages(root: Path = PACKAGE) -> list[str]:
     written out in place instead of taken from ``sac2.messages``."""
     found = []
     for path in sorted(root.rglob("*.py")):
-        if path.relative_to(root).as_posix() in MESSAGE_HOMES:
+        if _message_home(path.relative_to(root)):
             continue
         for node in sorted(ast.walk(ast.parse(path.read_text())), key=lambda n: getattr(n, "lineno", 0)):
             texts: list[ast.expr] = []
@@ -216,13 +222,28 @@ def inline_messages(root: Path = PACKAGE) -> list[str]:
 
 def test_every_user_facing_message_comes_from_sac2_messages() -> None:
     found = inline_messages()
-    assert found == [], "messages written out in place (build them in sac2/messages.py):\n" + "\n".join(found)
+    assert found == [], "messages written out in place (build them in sac2/messages/):\n" + "\n".join(found)
+
+
+def test_the_messages_package_imports_nothing_from_sac2_outside_itself() -> None:
+    """Every module, ``_compat`` included, imports ``sac2.messages``: it must import none of them back."""
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {name}"
+        for path in sorted((PACKAGE / MESSAGE_PACKAGE).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+        if name.split(".")[0] == "sac2" and not name.startswith(f"sac2.{MESSAGE_PACKAGE}.")
+    ]
+    assert found == []
 
 
 def test_the_inline_message_check_sees_raises_and_warnings(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     (pkg / "bench").mkdir(parents=True)
-    (pkg / "messages.py").write_text('BAD = "written here on purpose"\n')
+    (pkg / "messages").mkdir()
+    (pkg / "messages" / "__init__.py").write_text("from pkg.messages.texts import BAD\n")
+    (pkg / "messages" / "texts.py").write_text('BAD = "written here on purpose"\n')
     (pkg / "bench" / "cli.py").write_text('raise SystemExit(f"argparse errors stay in the CLI {1}")\n')
     (pkg / "a.py").write_text(
         "from pkg import messages\n"

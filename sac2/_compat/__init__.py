@@ -2,39 +2,27 @@
 
 Each name says what sac2 needs, not how torch spells it today; each shim says (``Removable:``) which torch change
 would let it go. ``ops``: op objects and what sac2 reads of them. ``dispatch``: the dispatch-mode stack and flags,
-compile tracing. ``autograd``: saved-tensor hooks, recompute state. ``torch_checkpoint``: torch's checkpoint frame.
+compile tracing. ``autograd``: saved-tensor hooks, graph tasks, version counters. ``recompute_state``: what a
+recompute replays (RNG, autocast, device context, input strides). ``torch_checkpoint``: torch's checkpoint frame.
 ``distributed``: the checkpoint-wrapper module. ``profiler``: memory events. sac2's modules import this package,
 never torch's private names (``tests/test_layout.py`` checks).
 """
 
 from sac2._compat.autograd import (
-    AutocastState,
-    Devices,
     HookPair,
-    RngStates,
     SavedTensor,
-    autocast_contexts,
-    autocast_state,
     backward_keeps_graph,
-    checkpoint_devices,
     checkpoint_forward_hooks,
     current_node_name,
-    device_context,
-    device_initialized_since,
-    fresh_device_context,
     graph_exec_group,
     graph_task,
     in_checkpoint_forward,
     make_saved_tensor,
     mutation_on_saved_tensors_allowed,
     noop_context_fn,
-    plain_strides,
     pop_checkpoint_hooks,
     push_checkpoint_hooks,
-    restrided,
-    rng_states,
     set_grad_enabled,
-    set_rng_states,
     top_saved_tensors_hooks,
     unpack_saved_tensor,
     user_saved_tensors_hooks,
@@ -102,6 +90,21 @@ from sac2._compat.ops import (
 )
 from sac2._compat.profiler import (
     allocation_sizes,
+)
+from sac2._compat.recompute_state import (
+    AutocastState,
+    Devices,
+    RngStates,
+    autocast_contexts,
+    autocast_state,
+    checkpoint_devices,
+    device_context,
+    device_initialized_since,
+    fresh_device_context,
+    plain_strides,
+    restrided,
+    rng_states,
+    set_rng_states,
 )
 from sac2._compat.torch_checkpoint import (
     DEBUG_TIP,

@@ -6,7 +6,7 @@ the ``tag_activation_checkpoint`` HOP; a fullgraph compile of torch's own ``Chec
 What ``install()`` swaps is what sac2 changes, underneath that API:
 
 - the eager non-reentrant frame: torch's ``checkpoint`` (and the composable ``checkpoint(module)``) call a
-  generator module global for it, which ``install()`` points at sac2's frame (``sac2.frame.frames``). Under
+  generator module global for it, which ``install()`` points at sac2's frame (``sac2.frame_entry.frames``). Under
   torch.compile, export or FX tracing sac2's frame hands over to torch's own, so compiled code is unchanged;
 - ``create_selective_checkpoint_contexts``: torch's public name, and every name in an imported module outside
   torch and sac2 that *is* torch's function (``sys.modules`` is scanned, so a module that bound it under another
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch.utils.checkpoint as _tuc
 from torch import nn
 
-from sac2 import _compat, frame, messages
+from sac2 import _compat, frame_entry, messages
 from sac2.answers import Policy
 from sac2.checkpointing import create_selective_checkpoint_contexts as _sac2_contexts
 from sac2.modes import CachingMode, ReplayMode
@@ -93,7 +93,7 @@ def _frames(
 ) -> _compat.FrameGenerator:
     """sac2's frame, for torch's ``checkpoint``: a ``context_fn`` that leads to torch's contexts gets sac2's."""
     options["context_fn"] = _redirect(options["context_fn"])
-    return frame.frames(function, args, kwargs, **options)
+    return frame_entry.frames(function, args, kwargs, **options)
 
 
 #: sac2's frame in the calling convention of torch's frame generator on this torch.
