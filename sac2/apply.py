@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Union
 
 from torch import nn
 
-from sac2 import messages, region_record
+from sac2 import messages, region_saves
 from sac2.answers import Policy, SaveList
 from sac2.checkpointing import create_selective_checkpoint_contexts
 from sac2.model_regions import DEFAULT_SAVE, Target, make_regions
@@ -91,7 +91,7 @@ def apply_ac(
         chosen = DEFAULT_SAVE if save is None else save
         # A SaveList, not a list: torch.compile reads a policy object in a context_fn, not a list of Regions.
         made = make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen)
-        region_record.keep_inputs([r.name for r in made], keep_inputs)
+        region_saves.keep_inputs([r.name for r in made], keep_inputs)
         policy = SaveList(made)
     if mode in ("selective", "regions"):
         context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)

@@ -17,10 +17,11 @@ import torch.utils.checkpoint as _tuc
 
 from sac2 import _compat, frame_entry, messages
 from sac2.answers import Policy, as_policy
-from sac2.modes import CachingMode, ReplayMode
+from sac2.modes import CachingMode
 from sac2.notices import count_forward
 from sac2.record import Record
 from sac2.region_record import RegionForward, RegionReplay, region_only
+from sac2.replay_mode import ReplayMode
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

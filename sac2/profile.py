@@ -12,6 +12,7 @@ FLOP per output element.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -19,14 +20,15 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, keys, messages, region_record
+from sac2 import _compat, keys, messages, region_saves
 from sac2._compat import TorchDispatchMode, tree_leaves
 from sac2.answers import CheckpointPolicy, Policy, PolicyFn, SelectiveCheckpointContext, as_policy, is_save, op_name
 from sac2.checkpointing import checkpoint
-from sac2.modes import CachingMode, ReplayMode
+from sac2.modes import CachingMode
 from sac2.opinfo import IGNORE, VIEW, OpInfo, info
 from sac2.record import Record, Saved
-from sac2.region_record import record_region
+from sac2.region_call import RegionCall
+from sac2.replay_mode import ReplayMode
 
 __all__ = ["OpCall", "Profile", "profile", "activation_memory", "as_inputs"]
 
@@ -139,9 +141,10 @@ class _Profiling(CachingMode):
     what the policy answered for each, the cost of each recorded call, and which storages the forward allocated
     (those an op reads before any op of the forward made them came from outside)."""
 
+    save_list_fast_path = False  # ask the policy about every call (a save list too)
+
     def __init__(self, policy: PolicyFn, record: Record, counter: _FlopCount | _TimeCount) -> None:
         super().__init__(policy, record)
-        self._save_ops = self._save_ids = None  # ask the policy about every call (a save list too)
         self.answers: dict[int, CheckpointPolicy] = {}
         self.costs: dict[int, float] = {}
         self.region_state: dict[int, list[Tensor]] = {}  # what each region's body saved for backward
@@ -152,7 +155,7 @@ class _Profiling(CachingMode):
     def decide(
         self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: object, call_index: int
     ) -> CheckpointPolicy:
-        self.answers[len(self._log)] = super().decide(func, op, args, kwargs, out, call_index)
+        self.answers[len(self.record.log)] = super().decide(func, op, args, kwargs, out, call_index)
         return CheckpointPolicy.MUST_SAVE
 
     def __torch_dispatch__(
@@ -162,46 +165,44 @@ class _Profiling(CachingMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        n, start = len(self._log), self.counter.total
+        log = self.record.log
+        n, start = len(log), self.counter.total
         if info(func).kind != IGNORE:  # detach and metadata queries read no data (sac2's own keep() detaches)
             self._note_inputs(args, kwargs)
         out = CachingMode.__torch_dispatch__(self, func, types, args, kwargs)
-        if len(self._log) > n:
+        if len(log) > n:
             self.costs[n] = 0.0 if info(func).kind == VIEW else self.counter.total - start
         self._note_outputs(out)
         return out
 
-    def region(
-        self,
-        key: keys.Region,
-        run: Callable[..., Any],
-        run_kept: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        if self._pending:
-            self._flush()
-        n, start = len(self._log), self.counter.total
-        self._note_inputs(args, kwargs)
-        self.answers[n] = self.ask(key, args, kwargs, None, n)
+    def region(self, call: RegionCall) -> Any:
+        n, start = len(self.record.log), self.counter.total
+        self._note_inputs(call.args, call.kwargs)
         state: list[Tensor] = []
         self.region_state[n] = state
-        # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_record``).
-        layouts = [] if region_record.keeps_inputs(key) else region_record.input_layouts(args, kwargs)
+        # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_saves``).
+        key = call.key
+        layouts = [] if region_saves.keeps_inputs(key) else region_saves.input_layouts(call.args, call.kwargs)
 
         def note(t: Tensor) -> Tensor:
-            if not layouts or region_record.rebuilds(t, layouts) is None:
+            if not layouts or region_saves.rebuilds(t, layouts) is None:
                 state.append(t)
             return t
 
-        def run_kept_noting(*a: Any, **k: Any) -> Any:  # run_kept, noting what autograd keeps in the body
-            with torch.autograd.graph.saved_tensors_hooks(note, _identity):
-                return run_kept(*a, **k)
+        body = call.body
 
-        out = record_region(self.record, key, True, False, run, run_kept_noting, args, kwargs)
+        def noting(*a: Any, **k: Any) -> Any:  # the body, noting what autograd keeps in it (innermost hooks)
+            with torch.autograd.graph.saved_tensors_hooks(note, _identity):
+                return body(*a, **k)
+
+        out = super().region(dataclasses.replace(call, body=noting))
         self.costs[n] = self.counter.total - start
         self._note_outputs(out)
         return out
+
+    def region_answer(self, call: RegionCall) -> tuple[bool, bool]:
+        self.answers[len(self.record.log)] = self.ask(call.key, call.args, call.kwargs, None, len(self.record.log))
+        return True, False
 
     def _note_inputs(self, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> None:
         for t in tree_leaves((args, kwargs)):

@@ -15,23 +15,19 @@ from typing import Any, Callable, TypeVar, overload
 
 import torch
 
-from sac2 import _compat, region_record
+from sac2 import _compat, region_record, region_saves
 from sac2.compiled import compiled_region, sac2_modes_on_top
 from sac2.keys import Region
+from sac2.region_call import RegionCall
 
 __all__ = ["region", "call_region", "region_key"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    with compiled_region():
-        return fn(*args, **kwargs)
-
-
-def _run_kept(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    # The body of a saved region: ``sac2.region_record`` runs it under saved-tensor hooks of its own, which take
-    # precedence over the checkpoint's, so autograd keeps real tensors (but for those recompute rebuilds).
+def _body(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """A region's body runs in ``compiled_region()``: compiled code in it runs at full speed. A saved region's
+    body runs under saved-tensor hooks of ``sac2.region_saves``, which take precedence over the checkpoint's."""
     with compiled_region():
         return fn(*args, **kwargs)
 
@@ -52,10 +48,10 @@ def call_region(key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwar
             return fn(*args, **kwargs)
     modes = sac2_modes_on_top() if _compat.mode_stack_len() else ()
     if modes:
-        return modes[-1].region(key, functools.partial(_run, fn), functools.partial(_run_kept, fn), args, kwargs)
+        return modes[-1].region(RegionCall(key, functools.partial(_body, fn), args, kwargs))
     context = region_record.active()
     if context is not None:
-        return context.region(key, functools.partial(_run, fn), functools.partial(_run_kept, fn), args, kwargs)
+        return context.region(RegionCall(key, functools.partial(_body, fn), args, kwargs))
     return fn(*args, **kwargs)
 
 
@@ -74,7 +70,7 @@ def region(fn: Callable[..., Any] | None = None, *, name: str | None = None, kee
 
     What a saved body saves of its own inputs (a matmul's input) is rebuilt from them in recompute, not kept;
     ``keep_inputs=True`` keeps it for real (inputs a nondeterministic producer made, e.g. GPU atomics), ``False``
-    rebuilds it again, None leaves the region's setting as it is (``sac2.region_record.keep_inputs``).
+    rebuilds it again, None leaves the region's setting as it is (``sac2.region_saves.keep_inputs``).
 
     Args:
         fn: the function whose calls become regions. None (the default) makes the decorator form,
@@ -92,7 +88,7 @@ def region(fn: Callable[..., Any] | None = None, *, name: str | None = None, kee
         return functools.partial(region, name=name, keep_inputs=keep_inputs)
     key = region_key(name or fn.__qualname__)
     if keep_inputs is not None:
-        region_record.keep_inputs([key.name], keep_inputs)
+        region_saves.keep_inputs([key.name], keep_inputs)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:

@@ -9,23 +9,36 @@ one op for the policy: every node in it gets the answer for its ``Region``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sac2 import _compat, keys
 from sac2.answers import CheckpointPolicy
 from sac2.opinfo import IGNORE, OpInfo
-from sac2.record import Saved
+from sac2.record import Record, Saved
 
-if TYPE_CHECKING:
-    from sac2.modes import CachingMode
+__all__ = ["Tracer", "Deciding"]
 
-__all__ = ["Tracer"]
+
+class Deciding(Protocol):
+    """What the tracer needs of the forward mode it traces for (``CachingMode``): its record, the policy's answers
+    and the graph torch traces it into. A protocol, so ``sac2.modes`` and this module do not import each other."""
+
+    record: Record
+    ac_graph_id: int | None
+
+    def decide(
+        self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: object, call_index: int
+    ) -> CheckpointPolicy: ...
+
+    def ask(
+        self, key: keys.PolicyOp, args: tuple[Any, ...], kwargs: dict[str, Any], out: object, call_index: int
+    ) -> CheckpointPolicy: ...
 
 
 class Tracer:
     """Traces the ops of one forward for its ``CachingMode``."""
 
-    def __init__(self, mode: CachingMode) -> None:
+    def __init__(self, mode: Deciding) -> None:
         self.mode = mode
         self._span: tuple[str, CheckpointPolicy] | None = None  # the traced-through region the last op was in
 

@@ -1,7 +1,7 @@
 """A saved region keeps its outputs and the backward state its body makes, never a tensor recompute rebuilds anyway.
 
 A tensor a saved region's body saves that is (a view of) one of the region's own inputs is kept by the checkpoint
-as a position and rebuilt from the replayed input in recompute (``sac2.region_record``), so saving a call as a
+as a position and rebuilt from the replayed input in recompute (``sac2.region_saves``), so saving a call as a
 region keeps what saving the same ops op by op keeps; ``keep_inputs`` keeps them for real instead.
 """
 
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import sac2
-from sac2 import region_record
+from sac2 import region_saves
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
 
@@ -67,7 +67,7 @@ def test_keep_inputs_keeps_the_inputs_for_real_and_still_trains_bitwise():
         sac2.apply_ac(keeping, "regions", save=["linear"], blocks=keeping.blocks, keep_inputs=True)
         keeping_kept, grads = _kept_and_grads(keeping, _lm)
     finally:
-        region_record.keep_inputs(["qkv", "proj", "gate_up", "down"], False)
+        region_saves.keep_inputs(["qkv", "proj", "gate_up", "down"], False)
     # Each block's four Linear inputs: the normed input (twice), attention's output, the MLP's hidden state.
     assert keeping_kept - rebuilt_kept >= CFG.n_layers * 2 * 32 * CFG.dim * 4
     assert _same(grads, reference)

@@ -36,8 +36,9 @@ from torch import nn
 from sac2 import _compat, frame_entry, messages
 from sac2.answers import Policy
 from sac2.checkpointing import create_selective_checkpoint_contexts as _sac2_contexts
-from sac2.modes import CachingMode, ReplayMode
+from sac2.modes import CachingMode
 from sac2.region_record import RegionForward, RegionReplay
+from sac2.replay_mode import ReplayMode
 from sac2.wrappers import CheckpointImpl
 from sac2.wrappers import apply_activation_checkpointing as _sac2_apply
 from sac2.wrappers import checkpoint_wrapper as _sac2_wrapper

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
-from sac2 import region_record
+from sac2 import region_saves
 from sac2.answers import CheckpointPolicy
 from sac2.model_regions import make_regions
 
@@ -229,7 +229,7 @@ def make_policy(kind: str, p: Problem) -> Any:
         return sac2.policies.memory_budget(fn, inputs, 0.5, cost="flops")
     if kind in ("regions", "regions_keep_inputs"):
         regions = make_regions(p.model, p.blocks, ["attention", "linear"])
-        region_record.keep_inputs([r.name for r in regions], kind == "regions_keep_inputs")
+        region_saves.keep_inputs([r.name for r in regions], kind == "regions_keep_inputs")
         return regions
     if kind == "offload":
         return _offload_matmuls

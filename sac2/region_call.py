@@ -1,0 +1,38 @@
+"""One ``sac2.region`` call as it travels the region protocol: ``sac2.regions`` makes it, the innermost sac2 mode or
+dispatch-free context decides it (``SacMode.region``), ``sac2.region_record`` records or replays it.
+
+The call carries its key, its body and its arguments together, so each layer reads what it owns instead of
+passing the same five values along.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from sac2.keys import Region
+
+__all__ = ["RegionCall"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionCall:
+    """``key``: the region (what a policy or save list matches). ``body``: the function, run as
+    ``body(*args, **kwargs)`` (``sac2.regions`` wraps it in ``compiled_region()``)."""
+
+    key: Region
+    body: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    def run(self) -> Any:
+        """Run the body under the saved-tensor hooks active here (a recomputed region: the checkpoint's)."""
+        return self.body(*self.args, **self.kwargs)
+
+    def run_under(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> Any:
+        """Run the body with what it saves for backward going to ``pack``/``unpack`` (a saved region keeps its
+        backward state itself)."""
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            return self.run()
