@@ -113,7 +113,7 @@ class Frame:
         self.holders: list[weakref.ref[Holder]] = []
         self.metas: list[Meta] = []
         #: The saved tensors' versions, for autograd's in-place check (rules 3 and 3a).
-        self.versions = SavedVersions()
+        self.versions = SavedVersions(args)
         self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
         self.ignore_mismatch = False
@@ -182,6 +182,7 @@ class Frame:
         store: Store = [None] * len(self.holders)
         early_stop, copy_at = self.versions.replaying_writes(self.early_stop)
         pack, count = self._recompute_hook(store, early_stop, copy_at)
+        self.versions.check_inputs()
         inputs = [
             _compat.restrided(_compat.unpack_saved_tensor(a), stride)
             for a, stride in zip(self.inputs, self.input_strides, strict=True)

@@ -28,12 +28,18 @@ class SavedVersions:
     """Per position of one frame's forward, what the in-place check needs (``entries``, appended to by the frame's
     pack hook; None under ``allow_mutation_on_saved_tensors``, where writing into a saved tensor is allowed)."""
 
-    __slots__ = ("entries", "user_hooks", "end_versions", "hooks_keep")
+    __slots__ = ("entries", "user_hooks", "end_versions", "hooks_keep", "inputs")
 
-    def __init__(self) -> None:
+    def __init__(self, args: tuple[object, ...]) -> None:
         self.entries: list[Entry] | None = None if _compat.mutation_on_saved_tensors_allowed() else []
         #: The user's saved-tensor hooks in scope when the forward started.
         self.user_hooks = _compat.user_saved_tensors_hooks()
+        #: The call's tensor inputs where autograd would check them (no user hooks): (input index, entry).
+        self.inputs: list[tuple[int, Entry]] = []
+        if self.entries is not None and self.user_hooks is None:
+            for k, a in enumerate(args):
+                if isinstance(a, Tensor):
+                    self.inputs.append((k, _entry(a)))
         #: Under those hooks: each position's version when the forward ended.
         self.end_versions: list[int | None] | None = None
         #: Whether the hooks hand back the tensor they were given, by device (probed when first needed).
@@ -57,6 +63,18 @@ class SavedVersions:
         ended = self.end_versions[i] if self.end_versions is not None else packed_version
         if _compat.version(x) != ended and self._hooks_keep(x.device):
             raise RuntimeError(messages.saved_tensor_written_after_forward(tensor, i))
+
+    def check_inputs(self) -> None:
+        """autograd's error, naming the input, if an input of the call was written in place since the call started:
+        recompute runs the function again from its inputs and would compute from other values than the forward
+        did (the check autograd makes when it unpacks the inputs, which a checkpoint nested in another cannot
+        name: there the outer checkpoint holds them)."""
+        for k, entry in self.inputs:
+            x = _tensor(entry)
+            if x is not None and entry is not None and _compat.version(x) != entry[1]:
+                shape = x.shape if entry[2] is None else entry[2]
+                raise RuntimeError(messages.checkpoint_input_modified(
+                    f"[{x.type()} {list(shape)}]", _compat.version(x), entry[1], k))
 
     def changed(self, i: int) -> bool:
         """Whether the tensor saved at position ``i`` was written in place since it was saved."""
@@ -101,6 +119,12 @@ class SavedVersions:
                 isinstance(back, Tensor) and _compat.storage_id(back) == _compat.storage_id(probe)
             )
         return bool(keep)
+
+
+def _entry(x: Tensor) -> Entry:
+    """``x``'s witness (or a weak reference where it has none), its version now, and its shape with a witness."""
+    w = _compat.version_witness(x)
+    return (weakref.ref(x), _compat.version(x), None) if w is None else (w, _compat.version(x), x.shape)
 
 
 def _tensor(entry: Entry) -> Tensor | None:

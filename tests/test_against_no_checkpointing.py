@@ -94,6 +94,47 @@ def test_a_write_before_the_tensor_is_saved_is_no_error():
     assert torch.equal(got, want)
 
 
+def _input_written_after_forward(outer: Callable[..., Any], inner: Callable[..., Any]) -> None:
+    """``inner`` (a checkpoint, or a plain call) takes ``b`` unused; ``b`` is written after ``outer``'s forward."""
+    x = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    kept: list[torch.Tensor] = []
+
+    def body(x: torch.Tensor) -> torch.Tensor:
+        a, b = x * 2.0, x * 3.0
+        kept.append(b)
+        return inner(lambda a, _b: torch.logsumexp(a @ a, dim=-1), a, b)
+
+    out = outer(body, x)
+    with torch.no_grad():
+        kept[0].zero_()
+    out.sum().backward()
+
+
+_OUTERS: dict[str, Callable[..., Any]] = {
+    "none": lambda f, x: f(x),
+    "full AC": lambda f, x: sac2.checkpoint(f, x),
+    "SAC saving nothing": lambda f, x: sac2.checkpoint(f, x, context_fn=contexts([])),
+}
+
+
+@pytest.mark.parametrize("outer", list(_OUTERS))
+def test_a_checkpoints_input_written_after_the_forward_raises_autograds_error_naming_the_input(outer):
+    # Recompute runs the checkpointed function again from its inputs: a written input would give it other values
+    # (a documented error: without checkpointing this trains, see the next test). Nested, the outer checkpoint
+    # holds the input; on its own, autograd checks it.
+    with pytest.raises(RuntimeError) as error:
+        _input_written_after_forward(_OUTERS[outer], sac2.checkpoint)
+    assert str(error.value).startswith(
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        "[torch.DoubleTensor [4, 4]] is at version 1; expected version 0 instead. sac2: it is input 1 of a "
+        "checkpointed function, written in place after the checkpointed call started"
+    )
+
+
+def test_an_unused_input_written_after_the_forward_trains_without_checkpointing():
+    _input_written_after_forward(_OUTERS["none"], lambda f, *args: f(*args))
+
+
 def test_allow_mutation_on_saved_tensors_still_allows_writing_a_saved_input():
     x = torch.randn(4, requires_grad=True)
     h = x * 1

@@ -180,7 +180,7 @@ def current_node_name() -> str | None:
     return None if node is None else str(node.name())
 
 
-_EMPTY: dict[torch.device, torch.Tensor] = {}
+_EMPTY: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # the witness keeps the dtype (its type())
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
 
 
@@ -194,9 +194,9 @@ def version_witness(t: torch.Tensor) -> torch.Tensor | None:
     if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_nested:
         return None
     with _DisableTorchDispatch():  # nothing here is an op of the user's program: no mode is to see it
-        empty = _EMPTY.get(t.device)
+        empty = _EMPTY.get((t.device, t.dtype))
         if empty is None:
-            empty = _EMPTY[t.device] = torch.empty(0, device=t.device)
+            empty = _EMPTY[t.device, t.dtype] = torch.empty(0, device=t.device, dtype=t.dtype)
         w = t.detach()
     try:
         w.data = empty  # set_data: new storage and sizes, same version counter, no version bump

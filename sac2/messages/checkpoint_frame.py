@@ -14,6 +14,7 @@ __all__ = [
     "internal_error", "not_a_generator", "debug_trace", "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
     "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
     "NO_GRADIENT", "NOT_KEPT", "saved_tensor_written_after_forward", "unpack_hook_returned",
+    "checkpoint_input_modified",
 ]
 
 
@@ -50,6 +51,18 @@ def saved_tensor_modified(tensor: str, version: int, saved: int, node: str | Non
         f"function (saved tensor {position} of its forward), and it was written in place after that, so the "
         "gradient would be computed from another value than the forward used. Without checkpointing autograd "
         "raises this error too: write into a copy (t = t.clone()) or after the backward."
+    )
+
+
+def checkpoint_input_modified(tensor: str, version: int, saved: int, index: int) -> str:
+    """autograd's error (its words lead) for an input of a checkpointed call written in place after the call
+    started: recompute runs the function again from it."""
+    return (
+        "one of the variables needed for gradient computation has been modified by an inplace operation: "
+        f"{tensor} is at version {version}; expected version {saved} instead. sac2: it is input {index} of a "
+        "checkpointed function, written in place after the checkpointed call started; recompute runs the function "
+        "again from its inputs, so it would compute from another value than the forward used. Write into a copy "
+        "(t = t.clone()) or after the backward."
     )
 
 
