@@ -113,7 +113,7 @@ class Frame:
         self.holders: list[weakref.ref[Holder]] = []
         self.metas: list[Meta] = []
         #: The saved tensors' versions, for autograd's in-place check (rules 3 and 3a).
-        self.versions = SavedVersions(args)
+        self.versions = SavedVersions(args, nested=_compat.in_checkpoint_forward())
         self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
         self.ignore_mismatch = False

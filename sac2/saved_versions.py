@@ -30,13 +30,14 @@ class SavedVersions:
 
     __slots__ = ("entries", "user_hooks", "end_versions", "hooks_keep", "inputs")
 
-    def __init__(self, args: tuple[object, ...]) -> None:
+    def __init__(self, args: tuple[object, ...], nested: bool) -> None:
         self.entries: list[Entry] | None = None if _compat.mutation_on_saved_tensors_allowed() else []
         #: The user's saved-tensor hooks in scope when the forward started.
         self.user_hooks = _compat.user_saved_tensors_hooks()
-        #: The call's tensor inputs where autograd would check them (no user hooks): (input index, entry).
+        #: A nested call's tensor inputs, which the enclosing checkpoint holds (on its own, autograd checks them
+        #: itself, in its words), where autograd would check them (no user hooks): (input index, entry).
         self.inputs: list[tuple[int, Entry]] = []
-        if self.entries is not None and self.user_hooks is None:
+        if nested and self.entries is not None and self.user_hooks is None:
             for k, a in enumerate(args):
                 if isinstance(a, Tensor):
                     self.inputs.append((k, _entry(a)))
@@ -65,10 +66,10 @@ class SavedVersions:
             raise RuntimeError(messages.saved_tensor_written_after_forward(tensor, i))
 
     def check_inputs(self) -> None:
-        """autograd's error, naming the input, if an input of the call was written in place since the call started:
-        recompute runs the function again from its inputs and would compute from other values than the forward
-        did (the check autograd makes when it unpacks the inputs, which a checkpoint nested in another cannot
-        name: there the outer checkpoint holds them)."""
+        """autograd's error, naming the input, if an input of a nested call was written in place since the call
+        started: recompute runs the function again from its inputs and would compute from other values than the
+        forward did (autograd's own check of the inputs, which it cannot make where the outer checkpoint holds
+        them; that one's check would name a node that never saved them)."""
         for k, entry in self.inputs:
             x = _tensor(entry)
             if x is not None and entry is not None and _compat.version(x) != entry[1]:
