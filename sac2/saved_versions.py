@@ -73,9 +73,8 @@ class SavedVersions:
         for k, entry in self.inputs:
             x = _tensor(entry)
             if x is not None and entry is not None and _compat.version(x) != entry[1]:
-                shape = x.shape if entry[2] is None else entry[2]
-                raise RuntimeError(messages.checkpoint_input_modified(
-                    f"[{x.type()} {list(shape)}]", _compat.version(x), entry[1], k))
+                tensor = f"[{x.type()} {list(x.shape if entry[2] is None else entry[2])}]"
+                raise RuntimeError(messages.checkpoint_input_modified(tensor, _compat.version(x), entry[1], k))
 
     def changed(self, i: int) -> bool:
         """Whether the tensor saved at position ``i`` was written in place since it was saved."""
