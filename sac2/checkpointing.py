@@ -18,7 +18,6 @@ import torch.utils.checkpoint as _tuc
 from sac2 import _compat, frame_entry, messages
 from sac2.answers import Policy, as_policy
 from sac2.modes import CachingMode
-from sac2.notices import count_forward
 from sac2.record import Record
 from sac2.region_record import RegionForward, RegionReplay, region_only
 from sac2.replay_mode import ReplayMode
@@ -220,9 +219,6 @@ def _run(
     if kwargs and not _OPTIONS.isdisjoint(kwargs):  # the decorator form passes them to the function, as torch's does
         function, kwargs = functools.partial(function, **kwargs), {}
     compiling = torch.compiler.is_compiling()
-    if options["context_fn"] is _compat.noop_context_fn and not compiling:
-        count_forward()  # compiled full AC is torch's HOP alone: counting there would make dynamo guard on the
-        # counter's value and recompile at every step
     if use_reentrant or compiling:
         return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), options)
     return frame_entry.run(function, args, kwargs, **options)

@@ -76,8 +76,6 @@ def frames(
         yield from _compat.torch_frame(function, args, kwargs, **_telling(options, told))
         _warn_if_bypassed(told, stacklevel=4)
         return
-    if options["context_fn"] is _compat.noop_context_fn:
-        count_forward()  # full AC through sac2 counts, so a check that sac2 runs holds for it too
     forward = _Forward.start(function, args, kwargs, options)
     if forward is None:
         yield
@@ -108,6 +106,8 @@ class _Forward:
         forward_context, recompute_context, warn_bypassed = _contexts(o["context_fn"], o["respect_saved_tensors_hooks"])
         if not torch.is_grad_enabled():
             return None
+        if forward_context is None:
+            count_forward()  # full AC on sac2's frame; a selective forward counts when its context enters
         frame = _frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
                        o["early_stop"])
         if o["debug"] or _compat.checkpoint_debug_override():

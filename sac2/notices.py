@@ -30,8 +30,10 @@ def count_forward() -> None:
 
 def forward_count() -> int:
     """How many checkpointed forwards sac2 has run (or traced for torch.compile) in this process: forwards of its
-    selective contexts, and eager ``sac2.checkpoint`` calls without a ``context_fn`` (full AC; under torch.compile
-    full AC is torch's own checkpoint operator with nothing of sac2 in it, and does not count).
+    selective contexts (each counts as it is entered), and full-AC forwards on sac2's frame (``sac2.checkpoint``
+    without a ``context_fn``, torch's under ``sac2.install()``). Torch's reentrant frame (``use_reentrant=True``),
+    ``sac2.use_torch_frame()`` and compiled full AC (torch's checkpoint operator) have nothing of sac2 in them and
+    do not count.
 
     A check that sac2, not torch's SAC, is doing the work: read it before and after a step.
 

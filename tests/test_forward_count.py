@@ -25,3 +25,16 @@ def test_torch_sac_is_not_counted():
     tuc.checkpoint(torch.sin, randn(4), use_reentrant=False, context_fn=context_fn)
     tuc.checkpoint(torch.sin, randn(4), use_reentrant=False)
     assert sac2.forward_count() == before
+
+
+def test_full_ac_counts_only_on_sac2s_frame():
+    before = sac2.forward_count()
+    sac2.checkpoint(torch.sin, randn(4), use_reentrant=True)  # torch's reentrant frame
+    with sac2.use_torch_frame():
+        sac2.checkpoint(torch.sin, randn(4))
+    with torch.no_grad():
+        sac2.checkpoint(torch.sin, randn(4))  # nothing is checkpointed
+    assert sac2.forward_count() == before
+    with sac2.install():
+        tuc.checkpoint(torch.sin, randn(4), use_reentrant=False)
+    assert sac2.forward_count() - before == 1
