@@ -1,6 +1,6 @@
 """The package's layout: every ``sac2.*`` submodule imports and defines each name its ``__all__`` lists, no
 exported name hides a submodule, private torch names are used only in ``sac2/_compat/`` (CONTRIBUTING.md: "every
-private torch API"), and no module uses another module's private names."""
+private torch API"), no module uses another module's private names, and every module stays short."""
 
 from __future__ import annotations
 
@@ -256,3 +256,13 @@ def test_the_inline_message_check_sees_raises_and_warnings(tmp_path: Path) -> No
         "raise RuntimeError(messages.nested(x) + '!')\n"
     )
     assert inline_messages(pkg) == ["pkg/a.py:2", "pkg/a.py:3", "pkg/a.py:5", "pkg/a.py:7", "pkg/a.py:8"]
+
+
+#: CONTRIBUTING.md: short modules, one idea each.
+MODULE_LINES = 400
+
+
+def test_every_module_is_under_the_line_limit() -> None:
+    long = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) >= MODULE_LINES}
+    assert long == {}, f"modules of {MODULE_LINES} lines or more (split them along one idea each)"
