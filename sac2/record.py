@@ -1,10 +1,10 @@
 """The record one checkpointed forward leaves for its recompute: which ops ran, which are served, in call order.
 
 The record is a plain list, one entry per op in call order: the op's replay key (recompute it) or a ``Saved``
-entry (serve it; ``sac2.saved`` owns what an entry holds). The record orders and drives them:
+entry (serve it; ``sac2.saved`` owns what an entry holds and its lifecycle). The record orders and drives them:
 it appends what the forward saved, watches their storages through its ``StorageTracker``
 (``sac2.storage_tracker``) while the forward runs, and at the end of the forward and around each recompute moves
-every entry through its next step at once (stale ones recomputed, offloaded ones to the host and back, the rest
+every entry through its lifecycle at once (stale ones recomputed, offloaded ones to the host and back, the rest
 through the user's saved-tensor hooks).
 """
 
@@ -14,12 +14,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, messages, offload
+from sac2 import _compat, messages
 from sac2.answers import op_name
 from sac2.invariants import InternalError
 from sac2.keys import Key
 from sac2.notices import warn_once
-from sac2.saved import PENDING, Saved
+from sac2.saved import Saved, State
 from sac2.storage_tracker import StorageTracker
 
 # ``Saved`` is re-exported: the modes, tracing and the profiler import it from here with ``Record``.
@@ -63,15 +63,15 @@ class Record:
     def add(self, entry: Saved, offloaded: bool = False) -> None:
         """Append a saved op (``offloaded``: answered CPU_OFFLOAD)."""
         if offloaded:
-            entry.offload = PENDING
+            entry.offload_at_end()
             self.offloaded.append(entry)
         self.saved_at.append(len(self.log))
         self.log.append(entry)
 
     def add_region(self, entry: Saved, offloaded: bool = False) -> None:
         """Append a saved region call (its versions are final: it runs above autograd)."""
-        if offloaded and not entry.unseen_writes:
-            entry.offload = PENDING
+        if offloaded and entry.state is State.HELD:  # not RERUN: a region run again has nothing to offload
+            entry.offload_at_end()
             self.offloaded.append(entry)
         self.log.append(entry)
 
@@ -101,20 +101,20 @@ class Record:
             if entry.modified():
                 stale = messages.stale_in_forward(self.describe(i), bool(entry.writes))
                 warn_once("modified-in-forward", entry.key, stale)
-                entry.stale = True
+                entry.mark_stale()
                 self.log[i] = entry.key
             else:
                 kept.append(i)
         self.saved_at = kept
         for entry in self.offloaded:
-            if not entry.stale:
+            if entry.state is not State.STALE:
                 entry.to_host()
-        self.offloaded = [e for e in self.offloaded if isinstance(e.offload, offload.Offloaded)]
+        self.offloaded = [e for e in self.offloaded if e.state is State.ON_HOST]
         if hooks is not None:
+            held = State.HELD  # not ON_HOST (the host copies are sac2's), nor RERUN (a region run again)
             with _compat.no_modes(), torch.no_grad():  # the hooks' own ops are not the program's
                 for e in self.log:
-                    # A region that wrote where sac2 cannot see runs again in recompute: nothing to hand over.
-                    if type(e) is Saved and e.offload is None and not e.unseen_writes:
+                    if type(e) is Saved and e.state is held:
                         e.pack(hooks)
             self.packed = True
 
@@ -123,9 +123,10 @@ class Record:
         for entry in self.offloaded:
             entry.prefetch()
         if self.packed:
+            packed = State.PACKED
             with _compat.no_modes(), torch.no_grad():  # the hooks' own ops are not the program's
                 for e in self.log:
-                    if type(e) is Saved and e.hooks is not None:
+                    if type(e) is Saved and e.state is packed:
                         e.unpack()
 
     def serve(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

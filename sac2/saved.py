@@ -1,13 +1,25 @@
-"""One saved op or ``sac2.region`` call of a checkpoint's record: what serving it in recompute needs.
+"""One saved op or ``sac2.region`` call of a checkpoint's record: what serving it in recompute needs, and where its
+values are (its ``State``).
 
 An entry holds detached aliases of what the call returned and wrote, the generator states around it, and, for CPU
-offload or the user's saved-tensor hooks, the copies they made; every change of an entry's state is a method of
-``Saved``. It lives apart from the record (``sac2.record``), which only orders entries, and from the storage
-tracker (``sac2.storage_tracker``), which marks them stale.
+offload or the user's saved-tensor hooks, the copies they made. Its state says which of those it holds and so how
+it is served; every change of state is a method of ``Saved`` that raises ``InternalError`` where its lifecycle
+has no such step::
+
+    HELD --mark_stale--> STALE            (a later write in the forward; STALE --mark_stale--> STALE too)
+    HELD --offload_at_end--> OFFLOAD_PENDING --to_host--> ON_HOST  (back to HELD if no tensor is on CUDA)
+                             OFFLOAD_PENDING --mark_stale--> STALE
+    HELD --pack--> PACKED
+    HELD --keep_region(written=None)--> RERUN
+
+ON_HOST, PACKED and RERUN last for every recompute (a backward that keeps its graph serves them again); the record
+forgets a STALE entry when the forward ends. It lives apart from the record (``sac2.record``), which only orders
+entries, and from the storage tracker (``sac2.storage_tracker``), which marks them stale.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable, final
 
 import torch
@@ -18,7 +30,7 @@ from sac2.draws import GeneratorState
 from sac2.invariants import InternalError
 from sac2.keys import Key
 
-__all__ = ["Saved", "PENDING"]
+__all__ = ["State", "Saved"]
 
 Tensor = torch.Tensor
 #: (path, detached tensor) per argument a call wrote.
@@ -27,8 +39,21 @@ Written = tuple[tuple[writes.Path, Tensor], ...]
 Hooks = _compat.HookPair
 _detach = _compat.detach_keeping_version
 
-#: ``Saved.offload`` of an entry answered CPU_OFFLOAD whose forward is still running.
-PENDING = "pending"
+
+class State(enum.Enum):
+    """Where a saved entry's values are, and so what serving it takes."""
+
+    HELD = "detached aliases on their device, watched for in-place writes (nothing watched under tracing)"
+    STALE = "written into later in the forward: recomputed instead of served"
+    OFFLOAD_PENDING = "answered CPU_OFFLOAD while the forward still runs: held as HELD until it ends"
+    ON_HOST = "pinned host copies only (offload.Offloaded), copied back to the device before each recompute"
+    PACKED = "held by the user's saved-tensor hooks, unpacked before each recompute"
+    RERUN = "a region that wrote where sac2 cannot see: replay runs it again"
+
+
+# The per-op paths compare against these: reading a member off its Enum class costs a few times a global's lookup.
+_HELD, _STALE, _OFFLOAD_PENDING = State.HELD, State.STALE, State.OFFLOAD_PENDING
+_ON_HOST, _PACKED, _RERUN = State.ON_HOST, State.PACKED, State.RERUN
 
 
 class _ArgRef:
@@ -61,38 +86,46 @@ class _Packed:
 class Saved:
     """A saved op (or ``sac2.region`` call) in the record: what serving it in recompute needs.
 
-    ``out``: detached outputs, written arguments among them as ``_ArgRef``s. ``writes``: (path, detached tensor)
-    per argument the call wrote. ``tensors``/``versions``: the aliases watched for in-place changes and their
-    versions. ``unseen_writes``: a region wrote where sac2 cannot see, so replay runs it again. ``requires_grad``:
-    for regions, which outputs required grad (served ones must too). ``rng``: the generator it moved. ``offload``:
-    None, ``PENDING`` (answered CPU_OFFLOAD, the forward still running) or ``offload.Offloaded``. ``stale``: written
-    into later in the forward (recompute instead). ``hooks``/``packed``: the user's saved-tensor hooks and what
-    they hold while the entry is packed.
+    ``state``: its ``State``. ``out``: detached outputs, written arguments among them as ``_ArgRef``s. ``writes``:
+    (path, detached tensor) per argument the call wrote. ``tensors``/``versions``: the aliases watched for
+    in-place changes and their versions. ``requires_grad``: for regions, which outputs required grad (served ones
+    must too). ``rng``: the generator it moved. ``offloaded``: its host copies (ON_HOST). ``hooks``/``packed``: the
+    user's saved-tensor hooks and what they hold (PACKED).
     """
 
     __slots__ = (
-        "key", "out", "tensors", "versions", "writes", "unseen_writes", "requires_grad", "rng", "offload", "stale",
-        "hooks", "packed", "rebuilt",
+        "key", "state", "out", "tensors", "versions", "writes", "requires_grad", "rng", "offloaded", "hooks",
+        "packed", "rebuilt",
     )
 
     def __init__(self, key: Key) -> None:
         self.key = key
+        self.state = _HELD
         self.out: Any = None
         # Tuples, not lists: a long region holds thousands of entries, and every container the garbage collector
         # tracks makes its collections (which run during the forward) slower.
         self.tensors: tuple[Tensor, ...] = ()
         self.versions: tuple[int, ...] = ()
         self.writes: Written = ()
-        self.unseen_writes = False
         self.requires_grad: tuple[bool, ...] | None = None
         self.rng: GeneratorState | None = None
-        self.offload: offload.Offloaded | str | None = None  # str: PENDING
-        self.stale = False
+        self.offloaded: offload.Offloaded | None = None
         self.hooks: Hooks | None = None
         #: What the hooks hold: the outputs with ``_Packed`` for tensors, and (path, ``_Packed``) per write.
         self.packed: tuple[Any, list[tuple[writes.Path, _Packed]]] | None = None
         #: A saved region's body saves that recompute rebuilds from its inputs (``sac2.region_record``), or None.
         self.rebuilt: Any = None
+
+    @property
+    def unseen_writes(self) -> bool:
+        """A region that wrote where sac2 cannot see (RERUN): replay runs it again."""
+        return self.state is _RERUN
+
+    def _move(self, to: State, *legal: State) -> None:
+        """Go to state ``to``, from one of the ``legal`` states only."""
+        if self.state not in legal:
+            raise InternalError(messages.internal_error(messages.illegal_transition(self.state.name, to.name)))
+        self.state = to
 
     # --- forward -----------------------------------------------------------------------------------------
     def keep_output(self, out: Tensor) -> None:
@@ -117,9 +150,10 @@ class Saved:
 
     def keep_region(self, out: Any, written: list[tuple[writes.Path, Tensor]] | None) -> None:
         """Keep a region call's outputs and writes (None: it wrote where sac2 cannot see, so replay runs it
-        again), and which outputs required grad."""
+        again: HELD to RERUN), and which outputs required grad."""
+        if written is None:
+            self._move(_RERUN, _HELD)
         self.keep(out, written or [])
-        self.unseen_writes = written is None
         ids = {id(t) for _, t in written or []}
         leaves = (out,) if type(out) is Tensor else _compat.tree_leaves(out)
         self.requires_grad = tuple(t.requires_grad for t in leaves if isinstance(t, Tensor) and id(t) not in ids)
@@ -134,23 +168,39 @@ class Saved:
         self.versions = _compat.versions(self.tensors)
 
     def modified(self) -> bool:
-        if self.stale:
+        if self.state is _STALE:
             return True
         return _compat.versions(self.tensors) != self.versions
 
+    def mark_stale(self) -> None:
+        """A later op of the forward wrote into what the entry holds: recompute it instead (HELD or
+        OFFLOAD_PENDING to STALE; STALE stays)."""
+        state = self.state  # not _move: each write into a saved storage calls this, and _move's varargs allocate
+        if state is not _HELD and state is not _OFFLOAD_PENDING and state is not _STALE:
+            raise InternalError(messages.internal_error(messages.illegal_transition(state.name, _STALE.name)))
+        self.state = _STALE
+
+    def offload_at_end(self) -> None:
+        """Answered CPU_OFFLOAD: move to the host when the forward ends (HELD to OFFLOAD_PENDING)."""
+        self._move(_OFFLOAD_PENDING, _HELD)
+
     # --- between forward and backward ----------------------------------------------------------------------
     def to_host(self) -> None:
-        """CPU_OFFLOAD, at the end of forward: hold pinned host copies only (nothing on a device: a plain save)."""
+        """CPU_OFFLOAD, at the end of forward: hold pinned host copies only (OFFLOAD_PENDING to ON_HOST), or, with
+        nothing on a device, stay a plain save (to HELD)."""
+        self._move(_ON_HOST, _OFFLOAD_PENDING)  # checked before anything moves
         device = offload.cuda_device(self.tensors)
         if device is None:
-            self.offload = None
+            self.state = _HELD  # nothing on a device: a plain save
             return
-        self.offload = offload.to_host(self.out, self.writes, device)
-        self.out, self.writes = self.offload.host_out, self.offload.host_writes
+        self.offloaded = offload.to_host(self.out, self.writes, device)
+        self.out, self.writes = self.offloaded.host_out, self.offloaded.host_writes
         self.tensors, self.versions = (), ()  # a copy cannot be modified in place by anyone else
 
     def pack(self, hooks: Hooks) -> None:
-        """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served."""
+        """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served
+        (HELD to PACKED)."""
+        self._move(_PACKED, _HELD)
         pack_hook = hooks[0]
 
         def one(x: object) -> object:
@@ -163,8 +213,8 @@ class Saved:
 
     # --- recompute -----------------------------------------------------------------------------------------
     def unpack(self) -> None:
-        """Put what the hooks kept back into the entry (the packed form stays, for another backward)."""
-        if self.hooks is None or self.packed is None:
+        """Put what the hooks kept back into the entry (it stays PACKED, for another backward)."""
+        if self.state is not _PACKED or self.hooks is None or self.packed is None:
             raise InternalError(messages.internal_error(messages.NEVER_PACKED))
         unpack_hook = self.hooks[1]
 
@@ -178,10 +228,8 @@ class Saved:
         self.writes = tuple([(p, t.unpack(unpack_hook)) for p, t in written])
 
     def prefetch(self) -> None:
-        """Start copying an offloaded entry back to its device."""
-        if not isinstance(self.offload, offload.Offloaded):
-            raise InternalError(messages.internal_error(messages.NOT_OFFLOADED))
-        self.out, self.writes = offload.to_device(self.offload)
+        """Start copying an offloaded entry back to its device (it stays ON_HOST)."""
+        self.out, self.writes = offload.to_device(self._host_copies())
 
     def restore(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Serving: leave the generator and the written arguments as running the op would have.
@@ -189,8 +237,8 @@ class Saved:
         The generator moves only when recompute is replaying forward's random stream (``preserve_rng_state``):
         then it stands where it stood before the op. Otherwise backward leaves every generator alone.
         """
-        if isinstance(self.offload, offload.Offloaded):
-            offload.wait(self.offload, self.out, self.writes)
+        if self.state is _ON_HOST:
+            offload.wait(self._host_copies(), self.out, self.writes)
         if self.rng is not None:
             gen, before, after = self.rng
             if torch.equal(gen.get_state(), before):
@@ -220,9 +268,16 @@ class Saved:
 
     def release(self) -> None:
         """After serving an offloaded entry another recompute may serve again: hold host copies only."""
-        if isinstance(self.offload, offload.Offloaded):
-            self.out, self.writes = self.offload.host_out, self.offload.host_writes
-            self.offload.event = None
+        if self.state is _ON_HOST:
+            host = self._host_copies()
+            self.out, self.writes = host.host_out, host.host_writes
+            host.event = None
+
+    def _host_copies(self) -> offload.Offloaded:
+        """What an ON_HOST entry holds on the host."""
+        if self.state is not _ON_HOST or self.offloaded is None:
+            raise InternalError(messages.internal_error(messages.NOT_OFFLOADED))
+        return self.offloaded
 
 
 def _resize_like(target: Tensor, saved: Tensor) -> None:

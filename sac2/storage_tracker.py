@@ -51,10 +51,10 @@ class StorageTracker(dict[int | None, Saved | list[Saved]]):
         for t in tensors:
             hit = get(_compat.storage_id(t))
             if type(hit) is Saved:
-                hit.stale = True
+                hit.mark_stale()
             elif hit is not None:
                 for entry in hit:
-                    entry.stale = True
+                    entry.mark_stale()
 
     def holders(self, t: Tensor) -> list[Saved]:
         """The saved entries holding ``t``'s storage."""
