@@ -26,9 +26,10 @@ from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, P
 from sac2.draws import rng_before, rng_moved
 from sac2.notices import count_forward, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
-from sac2.record import Record, Saved
+from sac2.record import Record
 from sac2.region_call import RegionCall
 from sac2.region_record import record_region
+from sac2.saved import Saved
 from sac2.tracing import Tracer
 
 if TYPE_CHECKING:

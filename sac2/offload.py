@@ -5,7 +5,7 @@ side stream and the entry drops its device aliases, so the device memory frees a
 references go. When recompute starts, every offloaded entry is copied back on the side stream at once
 (prefetch); serving an entry makes the compute stream wait for its copy only. The copy is taken at the end of
 forward, so in-place changes made to the output afterwards cannot reach what backward reads. An entry with no
-CUDA tensor (CPU training) stays an ordinary save. ``sac2.record.Saved`` calls these functions and holds what they
+CUDA tensor (CPU training) stays an ordinary save. ``sac2.saved.Saved`` calls these functions and holds what they
 return; this module holds no entry state of its own.
 """
 

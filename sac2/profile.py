@@ -26,9 +26,10 @@ from sac2.answers import CheckpointPolicy, Policy, PolicyFn, SelectiveCheckpoint
 from sac2.checkpointing import checkpoint
 from sac2.modes import CachingMode
 from sac2.opinfo import IGNORE, VIEW, OpInfo, info
-from sac2.record import Record, Saved
+from sac2.record import Record
 from sac2.region_call import RegionCall
 from sac2.replay_mode import ReplayMode
+from sac2.saved import Saved
 
 __all__ = ["OpCall", "Profile", "profile", "activation_memory", "as_inputs"]
 

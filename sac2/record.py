@@ -1,261 +1,56 @@
-"""The record one checkpointed forward leaves for its recompute, and what its saved entries hold.
+"""The record one checkpointed forward leaves for its recompute: which ops ran, which are served, in call order.
 
 The record is a plain list, one entry per op in call order: the op's replay key (recompute it) or a ``Saved``
-entry (serve it). A ``Saved`` entry holds detached aliases of what the op returned and wrote, the generator
-states around it, and, for CPU offload or user saved-tensor hooks, the copies they made. Every change of an
-entry's state is a method of ``Saved`` or ``Record``.
-
-While the forward runs, the record also tracks which storages its saved entries live in. Any later write into
-one of those storages (an in-place op, ``out=``, a HOP or Triton kernel, through any alias: a view, a factory
-op's Python-side tensor, matmul's ``_unsafe_view``) makes the entry stale, so it is recomputed instead of served.
-The lookup is one dict access per written tensor: flat in the length of the region. Writes after the forward
-are seen through version counters, which every served alias shares; what a recompute itself does to a served
-alias (an in-place view op, replayed) is not such a write.
+entry (serve it; ``sac2.saved`` owns what an entry holds and its lifecycle). The record orders and drives them:
+it appends what the forward saved, watches their storages through its ``StorageTracker``
+(``sac2.storage_tracker``) while the forward runs, and at the end of the forward and around each recompute moves
+every entry through its lifecycle at once (stale ones recomputed, offloaded ones to the host and back, the rest
+through the user's saved-tensor hooks).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, final
+from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, messages, offload, writes
-from sac2._compat import tree_map
+from sac2 import _compat, messages
 from sac2.answers import op_name
-from sac2.draws import GeneratorState
 from sac2.invariants import InternalError
 from sac2.keys import Key
 from sac2.notices import warn_once
+from sac2.saved import Saved, State
+from sac2.storage_tracker import StorageTracker
 
-__all__ = ["Saved", "Record"]
+# ``Saved`` is re-exported: the modes, tracing and the profiler import it from here with ``Record``.
+__all__ = ["Record"]
 
 Tensor = torch.Tensor
-Written = tuple[tuple[writes.Path, Tensor], ...]
 Hooks = _compat.HookPair
-_detach = _compat.detach_keeping_version
-
-#: ``Saved.offload`` of an entry answered CPU_OFFLOAD whose forward is still running.
-PENDING = "pending"
-
-
-class _ArgRef:
-    """Stands, in a saved output, for an output that is one of the op's own (written) arguments."""
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: writes.Path) -> None:
-        self.path = path
-
-
-class _Packed:
-    """What a user's pack hook returned for one tensor (any object: kept opaque for tree_map), and the tensor's
-    strides: served with others (a hook's restrided copy), ``matmul`` would fold another way in recompute."""
-
-    __slots__ = ("value", "stride")
-
-    def __init__(self, value: object, tensor: Tensor) -> None:
-        self.value = value
-        self.stride = _compat.plain_strides(tensor)
-
-    def unpack(self, unpack_hook: Callable[[Any], Any]) -> Tensor:
-        t = _compat.restrided(unpack_hook(self.value), self.stride)
-        if not isinstance(t, Tensor):
-            raise TypeError(messages.unpack_hook_returned(type(t).__name__))
-        return _detach(t)
-
-
-@final  # so that ``type(e) is Saved`` tells a record entry from a key both ways
-class Saved:
-    """A saved op (or ``sac2.region`` call) in the record: what serving it in recompute needs.
-
-    ``out``: detached outputs, written arguments among them as ``_ArgRef``s. ``writes``: (path, detached tensor)
-    per argument the call wrote. ``tensors``/``versions``: the aliases watched for in-place changes and their
-    versions. ``unseen_writes``: a region wrote where sac2 cannot see, so replay runs it again. ``requires_grad``:
-    for regions, which outputs required grad (served ones must too). ``rng``: the generator it moved. ``offload``:
-    None, ``PENDING`` (answered CPU_OFFLOAD, the forward still running) or ``offload.Offloaded``. ``stale``: written
-    into later in the forward (recompute instead). ``hooks``/``packed``: the user's saved-tensor hooks and what
-    they hold while the entry is packed.
-    """
-
-    __slots__ = (
-        "key", "out", "tensors", "versions", "writes", "unseen_writes", "requires_grad", "rng", "offload", "stale",
-        "hooks", "packed", "rebuilt",
-    )
-
-    def __init__(self, key: Key) -> None:
-        self.key = key
-        self.out: Any = None
-        # Tuples, not lists: a long region holds thousands of entries, and every container the garbage collector
-        # tracks makes its collections (which run during the forward) slower.
-        self.tensors: tuple[Tensor, ...] = ()
-        self.versions: tuple[int, ...] = ()
-        self.writes: Written = ()
-        self.unseen_writes = False
-        self.requires_grad: tuple[bool, ...] | None = None
-        self.rng: GeneratorState | None = None
-        self.offload: offload.Offloaded | str | None = None  # str: PENDING
-        self.stale = False
-        self.hooks: Hooks | None = None
-        #: What the hooks hold: the outputs with ``_Packed`` for tensors, and (path, ``_Packed``) per write.
-        self.packed: tuple[Any, list[tuple[writes.Path, _Packed]]] | None = None
-        #: A saved region's body saves that recompute rebuilds from its inputs (``sac2.region_record``), or None.
-        self.rebuilt: Any = None
-
-    # --- forward -----------------------------------------------------------------------------------------
-    def keep_output(self, out: Tensor) -> None:
-        """Keep a functional op's one output (the per-op short path)."""
-        d = _detach(out)
-        self.out = d
-        self.tensors = (d,)
-
-    def keep(self, out: Any, written: list[tuple[writes.Path, Tensor]]) -> None:
-        """Keep detached aliases of what the call wrote and of its outputs (written arguments among the outputs
-        become ``_ArgRef``s, served as the replayed arguments)."""
-        paths = {id(t): path for path, t in written}
-        self.writes = tuple([(path, _detach(t)) for path, t in written])
-        tensors: list[Tensor] = []
-        self.out = _detached(out, paths, tensors)
-        self.tensors = (*tensors, *(t for _, t in self.writes))
-
-    def keep_traced(self, out: Any) -> None:
-        """Keep what a traced op returned (torch.compile tracing: the partitioner decides what is kept, nothing
-        is watched)."""
-        self.out = tree_map(lambda x: _detach(x) if isinstance(x, Tensor) else x, out)
-
-    def keep_region(self, out: Any, written: list[tuple[writes.Path, Tensor]] | None) -> None:
-        """Keep a region call's outputs and writes (None: it wrote where sac2 cannot see, so replay runs it
-        again), and which outputs required grad."""
-        self.keep(out, written or [])
-        self.unseen_writes = written is None
-        ids = {id(t) for _, t in written or []}
-        leaves = (out,) if type(out) is Tensor else _compat.tree_leaves(out)
-        self.requires_grad = tuple(t.requires_grad for t in leaves if isinstance(t, Tensor) and id(t) not in ids)
-        self.record_versions()
-
-    def watch(self, alias: Tensor) -> None:
-        """Also see in-place writes through ``alias``, which shares a storage but not a version counter."""
-        self.tensors += (_detach(alias),)
-        self.versions += (_compat.version(alias),)
-
-    def record_versions(self) -> None:
-        self.versions = _compat.versions(self.tensors)
-
-    def modified(self) -> bool:
-        if self.stale:
-            return True
-        return _compat.versions(self.tensors) != self.versions
-
-    # --- between forward and backward ----------------------------------------------------------------------
-    def to_host(self) -> None:
-        """CPU_OFFLOAD, at the end of forward: hold pinned host copies only (nothing on a device: a plain save)."""
-        device = offload.cuda_device(self.tensors)
-        if device is None:
-            self.offload = None
-            return
-        self.offload = offload.to_host(self.out, self.writes, device)
-        self.out, self.writes = self.offload.host_out, self.offload.host_writes
-        self.tensors, self.versions = (), ()  # a copy cannot be modified in place by anyone else
-
-    def pack(self, hooks: Hooks) -> None:
-        """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served."""
-        pack_hook = hooks[0]
-
-        def one(x: object) -> object:
-            return _Packed(pack_hook(x), x) if isinstance(x, Tensor) else x
-
-        self.hooks = hooks
-        self.packed = (tree_map(one, self.out), [(p, _Packed(pack_hook(t), t)) for p, t in self.writes])
-        self.out, self.writes = None, ()
-        self.tensors, self.versions = (), ()  # what the hooks hold is theirs: sac2 no longer watches it
-
-    # --- recompute -----------------------------------------------------------------------------------------
-    def unpack(self) -> None:
-        """Put what the hooks kept back into the entry (the packed form stays, for another backward)."""
-        if self.hooks is None or self.packed is None:
-            raise InternalError(messages.internal_error(messages.NEVER_PACKED))
-        unpack_hook = self.hooks[1]
-
-        # Detached: what a hook hands back may be a view made in no-grad mode (a restrided copy), which autograd
-        # forbids writing into in place once served as an op's output.
-        def one(x: object) -> object:
-            return x.unpack(unpack_hook) if type(x) is _Packed else x
-
-        out, written = self.packed
-        self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
-        self.writes = tuple([(p, t.unpack(unpack_hook)) for p, t in written])
-
-    def prefetch(self) -> None:
-        """Start copying an offloaded entry back to its device."""
-        if not isinstance(self.offload, offload.Offloaded):
-            raise InternalError(messages.internal_error(messages.NOT_OFFLOADED))
-        self.out, self.writes = offload.to_device(self.offload)
-
-    def restore(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """Serving: leave the generator and the written arguments as running the op would have.
-
-        The generator moves only when recompute is replaying forward's random stream (``preserve_rng_state``):
-        then it stands where it stood before the op. Otherwise backward leaves every generator alone.
-        """
-        if isinstance(self.offload, offload.Offloaded):
-            offload.wait(self.offload, self.out, self.writes)
-        if self.rng is not None:
-            gen, before, after = self.rng
-            if torch.equal(gen.get_state(), before):
-                gen.set_state(after)
-        for path, saved in self.writes:
-            target = writes.locate(args, kwargs, path)
-            if target.shape != saved.shape or target.stride() != saved.stride():
-                _resize_like(target, saved)  # an out= op resized its output: do as it did, layout included
-            target.copy_(saved)
-
-    def serve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Fresh aliases of the saved outputs (autograd attaches history to what a mode returns), the replayed
-        arguments in place of ``_ArgRef``s, and, for regions, the outputs' requires_grad as in forward."""
-        out = self.out
-        result = _detach(out) if type(out) is Tensor else _served(out, args, kwargs)
-        if self.requires_grad is not None:
-            fresh = [t for o, t in zip(_stored_leaves(out), _compat.tree_leaves(result), strict=True)
-                     if isinstance(o, Tensor)]
-            for t, requires_grad in zip(fresh, self.requires_grad, strict=True):
-                t.requires_grad_(requires_grad)
-        return result
-
-    def hand_over(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Serve for the last time: a single output tensor is handed over as it is (no fresh alias)."""
-        out = self.out
-        return out if type(out) is Tensor and self.requires_grad is None else self.serve(args, kwargs)
-
-    def release(self) -> None:
-        """After serving an offloaded entry another recompute may serve again: hold host copies only."""
-        if isinstance(self.offload, offload.Offloaded):
-            self.out, self.writes = self.offload.host_out, self.offload.host_writes
-            self.offload.event = None
-
-
-def _resize_like(target: Tensor, saved: Tensor) -> None:
-    """Give ``target`` the sizes and strides of ``saved``, as an ``out=`` op resizing an empty output does (it may
-    take its input's layout, e.g. a transposed one, which later ops such as matmul's reshape depend on)."""
-    extent = 1 + sum((n - 1) * st for n, st in zip(saved.shape, saved.stride(), strict=True) if n > 0)
-    target.resize_(extent if saved.numel() else 0)
-    target.as_strided_(saved.shape, saved.stride())
 
 
 class Record:
     """What one forward ran: per op, its key (recompute) or a ``Saved`` entry, in call order.
 
     ``saved_at`` lists the positions of saved op entries (regions are not in it); while the forward runs,
-    ``by_storage`` maps each storage a saved entry holds to the entry holding it (a list when several do).
+    ``by_storage`` knows which entries hold each storage (empty, so false, until something is saved).
     ``draws`` maps the position of each recomputed random op that drew from a generator the user passed
     (``generator=g``) to that generator and its state before the op: recompute draws the same numbers from it.
     """
 
-    __slots__ = ("log", "saved_at", "by_storage", "packed", "offloaded", "served", "draws")
+    __slots__ = ("log", "saved_at", "by_storage", "track", "wrote", "holders", "packed", "offloaded", "served", "draws")
 
     def __init__(self) -> None:
         self.log: list[Saved | Key] = []
         self.saved_at: list[int] = []
-        # Keyed by storage id; looked up with None too (a wrapper subclass's storage), which is never stored.
-        self.by_storage: dict[int | None, Saved | list[Saved]] = {}
+        self.by_storage = StorageTracker()
+        # The tracker's own methods, bound once: the forward calls them per saved op and per write, and a Record
+        # method passing each call on would cost a Python call more. ``track(entry)`` watches the storages the
+        # entry holds; ``wrote(tensors)`` marks the entries holding theirs stale; ``holders(t)`` lists the entries
+        # holding ``t``'s storage.
+        self.track: Callable[[Saved], None] = self.by_storage.track
+        self.wrote: Callable[[Iterable[Tensor]], None] = self.by_storage.wrote
+        self.holders: Callable[[Tensor], list[Saved]] = self.by_storage.holders
         self.packed = False  # some entries are held by the user's saved-tensor hooks
         self.offloaded: list[Saved] = []  # entries answered CPU_OFFLOAD
         self.served: list[Saved] = []  # entries this recompute served and keeps for another
@@ -268,15 +63,15 @@ class Record:
     def add(self, entry: Saved, offloaded: bool = False) -> None:
         """Append a saved op (``offloaded``: answered CPU_OFFLOAD)."""
         if offloaded:
-            entry.offload = PENDING
+            entry.offload_at_end()
             self.offloaded.append(entry)
         self.saved_at.append(len(self.log))
         self.log.append(entry)
 
     def add_region(self, entry: Saved, offloaded: bool = False) -> None:
         """Append a saved region call (its versions are final: it runs above autograd)."""
-        if offloaded and not entry.unseen_writes:
-            entry.offload = PENDING
+        if offloaded and entry.state is State.HELD:  # not RERUN: a region run again has nothing to offload
+            entry.offload_at_end()
             self.offloaded.append(entry)
         self.log.append(entry)
 
@@ -290,41 +85,10 @@ class Record:
         nth = sum(1 for j in range(i) if self.key_at(j) is key)
         return f"{op_name(key)} (call {nth} of that op, op {i} of the region)"
 
-    # --- stale tracking while the forward runs ---------------------------------------------------------------
-    def track(self, entry: Saved) -> None:
-        """Watch the storages ``entry`` holds for later writes in this forward."""
-        by_storage = self.by_storage
-        for t in entry.tensors:
-            k = _compat.storage_id(t)
-            if k is not None:
-                hit = by_storage.get(k)
-                if hit is None:
-                    by_storage[k] = entry
-                elif type(hit) is Saved:
-                    if hit is not entry:
-                        by_storage[k] = [hit, entry]
-                elif hit[-1] is not entry:
-                    hit.append(entry)
-
-    def wrote(self, tensors: Iterable[Tensor]) -> None:
-        """An op of the forward wrote into ``tensors``: saved entries holding their storages are stale."""
-        by_storage = self.by_storage
-        for t in tensors:
-            hit = by_storage.get(_compat.storage_id(t))
-            if type(hit) is Saved:
-                hit.stale = True
-            elif hit is not None:
-                for entry in hit:
-                    entry.stale = True
-
-    def holders(self, t: Tensor) -> list[Saved]:
-        """The saved entries holding ``t``'s storage."""
-        hit = self.by_storage.get(_compat.storage_id(t))
-        return [hit] if type(hit) is Saved else (hit or [])
-
     # --- the end of forward, the start and end of each recompute ---------------------------------------------
     def stop_tracking(self) -> None:
-        self.by_storage = {}
+        """The forward ended: later writes are seen through version counters."""
+        self.by_storage.stop()  # in place: ``track``, ``wrote`` and ``holders`` are bound to it
 
     def end_forward(self, hooks: Hooks | None) -> None:
         """Recompute the saved outputs a later op wrote into (warned once), move offloaded entries to the host,
@@ -337,20 +101,20 @@ class Record:
             if entry.modified():
                 stale = messages.stale_in_forward(self.describe(i), bool(entry.writes))
                 warn_once("modified-in-forward", entry.key, stale)
-                entry.stale = True
+                entry.mark_stale()
                 self.log[i] = entry.key
             else:
                 kept.append(i)
         self.saved_at = kept
         for entry in self.offloaded:
-            if not entry.stale:
+            if entry.state is not State.STALE:
                 entry.to_host()
-        self.offloaded = [e for e in self.offloaded if isinstance(e.offload, offload.Offloaded)]
+        self.offloaded = [e for e in self.offloaded if e.state is State.ON_HOST]
         if hooks is not None:
+            held = State.HELD  # not ON_HOST (the host copies are sac2's), nor RERUN (a region run again)
             with _compat.no_modes(), torch.no_grad():  # the hooks' own ops are not the program's
                 for e in self.log:
-                    # A region that wrote where sac2 cannot see runs again in recompute: nothing to hand over.
-                    if type(e) is Saved and e.offload is None and not e.unseen_writes:
+                    if type(e) is Saved and e.state is held:
                         e.pack(hooks)
             self.packed = True
 
@@ -359,9 +123,10 @@ class Record:
         for entry in self.offloaded:
             entry.prefetch()
         if self.packed:
+            packed = State.PACKED
             with _compat.no_modes(), torch.no_grad():  # the hooks' own ops are not the program's
                 for e in self.log:
-                    if type(e) is Saved and e.hooks is not None:
+                    if type(e) is Saved and e.state is packed:
                         e.unpack()
 
     def serve(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -387,39 +152,3 @@ class Record:
         for entry in self.served:
             entry.record_versions()
         self.served = []
-
-
-def _detached(out: Any, written: dict[int, writes.Path], tensors: list[Tensor]) -> Any:
-    """``out`` with tensors detached (collected into ``tensors``) and written arguments as ``_ArgRef``s."""
-
-    def one(x: object) -> object:
-        if not isinstance(x, Tensor):
-            return x
-        path = written.get(id(x))
-        if path is not None:
-            return _ArgRef(path)
-        d = _detach(x)
-        tensors.append(d)
-        return d
-
-    if type(out) is Tensor:
-        return one(out)
-    if type(out) is tuple:
-        return tuple(one(x) for x in out)
-    return tree_map(one, out)
-
-
-def _served(out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    def one(x: object) -> object:
-        if type(x) is _ArgRef:
-            return writes.locate(args, kwargs, x.path)
-        return _detach(x) if isinstance(x, Tensor) else x
-
-    if type(out) is tuple:
-        return tuple(one(x) for x in out)
-    return tree_map(one, out, is_leaf=lambda x: type(x) is _ArgRef)
-
-
-def _stored_leaves(out: Any) -> list[Any]:
-    """The leaves of a saved output, ``_ArgRef``s included."""
-    return _compat.tree_leaves(out, is_leaf=lambda x: type(x) is _ArgRef)

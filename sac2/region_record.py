@@ -25,8 +25,9 @@ from sac2.answers import SaveList, op_name
 from sac2.draws import rng_before, rng_moved
 from sac2.keys import PolicyOp, Region
 from sac2.notices import count_forward, warn_once
-from sac2.record import Record, Saved
+from sac2.record import Record
 from sac2.region_call import RegionCall
+from sac2.saved import Saved
 
 if TYPE_CHECKING:
     from typing_extensions import Self

@@ -17,8 +17,8 @@ import torch
 from sac2 import _compat, messages
 from sac2.invariants import InternalError
 from sac2.keys import Region
-from sac2.record import Saved
 from sac2.region_call import RegionCall
+from sac2.saved import Saved
 
 __all__ = [
     "keep_inputs", "keeps_inputs", "input_layouts", "rebuilds", "plain_inputs", "run_saved", "rerun",

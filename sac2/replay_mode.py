@@ -16,9 +16,10 @@ from sac2.draws import rng_before
 from sac2.invariants import InternalError
 from sac2.modes import SacMode
 from sac2.opinfo import IGNORE, KEYED, TABLE, VIEW, OpInfo, info
-from sac2.record import Record, Saved
+from sac2.record import Record
 from sac2.region_call import RegionCall
 from sac2.region_record import replay_region
+from sac2.saved import Saved
 
 if TYPE_CHECKING:
     from typing_extensions import Self

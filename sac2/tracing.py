@@ -14,7 +14,8 @@ from typing import Any, Protocol
 from sac2 import _compat, keys
 from sac2.answers import CheckpointPolicy
 from sac2.opinfo import IGNORE, OpInfo
-from sac2.record import Record, Saved
+from sac2.record import Record
+from sac2.saved import Saved
 
 __all__ = ["Tracer", "Deciding"]
 

@@ -511,7 +511,7 @@ def test_saved_out_op_that_resizes_its_out_tensor_to_its_input_layout():
 
 def test_a_region_answered_cpu_offload_is_handed_to_the_offloader(monkeypatch):
     # On CUDA the offloader copies it to pinned host memory; on CPU it stays an ordinary save (no device here).
-    from sac2.record import Saved
+    from sac2.saved import Saved
 
     offloaded = []
     real = Saved.to_host

@@ -5,12 +5,14 @@ in the behavioural test files; these few pin the record's shape so a refactor of
 Rewrite them freely when the record changes: keep them few, and keep them here.
 """
 
+import pytest
 import torch
 
 import sac2
 from sac2.answers import CheckpointPolicy
+from sac2.invariants import InternalError
 from sac2.modes import CachingMode
-from sac2.record import Saved
+from sac2.saved import Saved, State
 
 from helpers import COUNTED, counted_op, grads, inplace_chain, randn
 
@@ -48,8 +50,20 @@ def test_a_cpu_offload_entry_on_cpu_tensors_is_an_ordinary_saved_entry():
         counted(torch.randn(8).sin()).cos()
     (entry,) = [mode.record.log[i] for i in mode.record.saved_at]
     assert isinstance(entry, Saved)
-    assert entry.offload is None
+    assert entry.state is State.HELD  # not ON_HOST: nothing on a device to offload
     assert len(entry.tensors) == 1
+
+
+def test_a_step_outside_a_saved_entrys_lifecycle_is_an_internal_error():
+    # No public behaviour takes such a step (that would be the bug this guards against), so only here: an entry
+    # the user's hooks hold cannot go stale, nor one never answered CPU_OFFLOAD go to the host.
+    entry = Saved(aten.sin.default)
+    entry.keep_output(torch.randn(3))
+    entry.pack((lambda t: t, lambda t: t))
+    with pytest.raises(InternalError, match="in state PACKED was moved to STALE"):
+        entry.mark_stale()
+    with pytest.raises(InternalError, match="in state HELD was moved to ON_HOST"):
+        Saved(aten.sin.default).to_host()
 
 
 def test_a_compiled_region_body_leaves_no_entry():

@@ -52,6 +52,7 @@ from sac2.messages.checkpoint_frame import (
     bad_determinism_check,
     checkpoint_input_modified,
     debug_trace,
+    illegal_transition,
     internal_error,
     metadata_differs,
     more_saved_in_recompute,
@@ -150,7 +151,7 @@ __all__ = [
     "internal_error", "not_a_generator", "debug_trace", "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
     "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
     "NO_GRADIENT", "NOT_KEPT", "saved_tensor_written_after_forward", "unpack_hook_returned",
-    "checkpoint_input_modified",
+    "checkpoint_input_modified", "illegal_transition",
     # wrappers, apply_ac, regions, integrations, distributed wrappers, bench
     "WRAPPER_REENTRANT_WITH_POLICY", "nested_checkpoint", "already_checkpointed", "CHECKPOINT_MODULE_REENTRANT",
     "apply_ac_bad_mode", "apply_ac_policy_needs_selective", "apply_ac_save_needs_regions", "apply_ac_bad_every",

@@ -14,7 +14,7 @@ __all__ = [
     "internal_error", "not_a_generator", "debug_trace", "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
     "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
     "NO_GRADIENT", "NOT_KEPT", "saved_tensor_written_after_forward", "unpack_hook_returned",
-    "checkpoint_input_modified",
+    "checkpoint_input_modified", "illegal_transition",
 ]
 
 
@@ -92,13 +92,19 @@ SLOT_UNFILLED = "recompute left no tensor at the position of a live holder"
 NO_CONTEXTS = "a context_fn gave no (forward, recompute) contexts"
 NO_STOP_PENDING = "early stop finished an op with no stop pending"
 NEVER_PACKED = "a saved entry was unpacked that its hooks never packed"
-NOT_OFFLOADED = "a saved entry was prefetched that was never moved to the host"
+NOT_OFFLOADED = "a saved entry was read back from the host that was never moved there"
 NOT_SAVED = "a position the record serves or lists as saved holds no saved entry"
 COMPOSE_EMPTY = "compose holds no policy (its constructor requires one)"
 PROFILER_NOT_RUN = "allocation sizes were read from a profiler that has not run and stopped"
 COPY_BACK_NOT_STARTED = "an offloaded entry was waited for before its copy back started"
 NO_GRADIENT = "a tensor that requires grad has no gradient after its backward"
 NOT_KEPT = "a region's unpack hook met what its pack hook never made"
+
+
+def illegal_transition(state: str, to: str) -> str:
+    """A saved entry (``sac2.saved.Saved``) asked to go from ``state`` to ``to``, which its lifecycle has no step
+    for."""
+    return f"a saved entry in state {state} was moved to {to}, which its lifecycle does not allow"
 
 
 def debug_trace(error: str, forward: Sequence[str], recompute: Sequence[str], saved: Sequence[str]) -> str:
