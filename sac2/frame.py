@@ -191,7 +191,7 @@ class Frame:
         rng = _compat.set_rng_states(self.rng) if self.rng is not None else None
         generators = [(g, _replace_state(g, state)) for g, state in self.generators]
         grad_was = _compat.set_grad_enabled(True)
-        _compat.push_checkpoint_hooks(pack, _identity)
+        _compat.push_checkpoint_hooks(pack, _compat.as_is)
         try:
             _run_in(contexts, self.fn, inputs, self.kwargs)
         except _Stop:
@@ -292,10 +292,6 @@ def _run_in(
         _run_in(contexts[1:], fn, args, kwargs)
 
 
-def _identity(x: Tensor) -> Tensor:
-    return x
-
-
 def _restore(grad_was: bool, rng: _compat.RngStates | None, generators: list[tuple[torch.Generator, Tensor]]) -> None:
     """Put grad mode, the global RNG and the named generators back as they were before a recompute."""
     _compat.set_grad_enabled(grad_was)
@@ -327,4 +323,3 @@ def _copy(x: Tensor) -> Tensor:
 
 # What backward calls: never traced by dynamo (compiled autograd would see eager hooks), as torch disables its own.
 _compat.skip_dynamo_in_code(Frame.unpack, Frame.recompute, _run_in)
-

@@ -12,8 +12,8 @@ What ``save`` can name, inside each block:
 - ``"linear"``: every ``nn.Linear`` (subclasses too); ``"experts"``: MoE expert modules (class name ends in
   ``Experts``: transformers' ``Qwen3MoeExperts``/``MixtralExperts``, torchtitan's ``GroupedExperts``; experts
   holding experts, as torchtitan's ``RoutedExperts``, give the inner ones);
-- a module class: its instances; any other string: a glob over module names relative to the block
-  (``"mlp.down_proj"``, ``"self_attn.*_proj"``).
+- a module class: its instances; any other string: a name (dot-separated globs) matching the last parts of module
+  names relative to the block, by ``sac2.module_names``' rule (``"mlp.down_proj"``, ``"*_proj"``).
 
 A module becomes a region in place (its class is swapped for ``Region<Name>``: parameter names, state-dict keys and
 hooks stay), named by its name relative to the block, so one ``sac2.Region`` covers the same module in every block.
@@ -21,7 +21,6 @@ hooks stay), named by its name relative to the block, so one ``sac2.Region`` cov
 
 from __future__ import annotations
 
-import fnmatch
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
@@ -29,6 +28,7 @@ from torch import nn
 
 from sac2 import messages, module_class
 from sac2.keys import Region
+from sac2.module_names import names_module
 from sac2.regions import call_region, region_key
 
 __all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
@@ -63,7 +63,7 @@ def _matches(target: Target, name: str, module: nn.Module) -> bool:
         return isinstance(module, nn.Linear)
     if target == EXPERTS:
         return type(module).__name__.endswith("Experts")
-    return fnmatch.fnmatchcase(name, target)
+    return names_module(target, name)
 
 
 def _holds_experts(module: nn.Module, targets: list[Target], matched: list[int]) -> bool:

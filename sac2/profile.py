@@ -193,7 +193,7 @@ class _Profiling(CachingMode):
         body = call.body
 
         def noting(*a: Any, **k: Any) -> Any:  # the body, noting what autograd keeps in it (innermost hooks)
-            with torch.autograd.graph.saved_tensors_hooks(note, _identity):
+            with torch.autograd.graph.saved_tensors_hooks(note, _compat.as_is):
                 return body(*a, **k)
 
         out = super().region(dataclasses.replace(call, body=noting))
@@ -257,10 +257,6 @@ def _read(
                             asked and not keepable, answer if policy is not None else None, asked and keepable,
                             tuple(dict.fromkeys(outputs))))
     return Profile(calls, storage_bytes, unit, policy)
-
-
-def _identity(t: Tensor) -> Tensor:
-    return t
 
 
 def _outside_storages(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> set[int]:

@@ -54,10 +54,6 @@ def keeps_inputs(key: Region) -> bool:
     return key.name in _keeping_inputs
 
 
-def _identity(t: Tensor) -> Tensor:
-    return t
-
-
 def plain_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
     """The tensor leaves of a call that recompute can rebuild body saves from: plain strided tensors (a wrapper
     subclass such as DTensor has no real storage to compare)."""
@@ -211,7 +207,7 @@ def run_saved(call: RegionCall) -> tuple[Any, Rebuilt | None]:
     rebuild from its inputs, which the checkpoint beneath keeps as positions (unless the region keeps inputs)."""
     beneath = None if keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
     if beneath is None:
-        return call.run_under(_identity, _identity), None
+        return call.run_under(_compat.as_is, _compat.as_is), None
     saves = _Saves(input_layouts(call.args, call.kwargs), beneath)
     try:
         out = call.run_under(saves.pack, saves.unpack)
@@ -226,7 +222,7 @@ def rerun(entry: Saved, call: RegionCall) -> Any:
     rebuilt: Rebuilt | None = entry.rebuilt
     top = _compat.top_saved_tensors_hooks() if rebuilt is not None else None
     if rebuilt is None or top is None:
-        return call.run_under(_identity, _identity)
+        return call.run_under(_compat.as_is, _compat.as_is)
     hooks = _Rerun(rebuilt[0], top)
     return call.run_under(hooks.pack, hooks.unpack)
 

@@ -11,6 +11,7 @@ never torch's private names (``tests/test_layout.py`` checks).
 from sac2._compat.autograd import (
     HookPair,
     SavedTensor,
+    as_is,
     backward_keeps_graph,
     checkpoint_forward_hooks,
     current_node_name,
@@ -204,6 +205,7 @@ __all__ = [
     "fresh_device_context",
     "make_saved_tensor",
     "unpack_saved_tensor",
+    "as_is",
     "graph_exec_group",
     "graph_task",
     "push_checkpoint_hooks",

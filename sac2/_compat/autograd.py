@@ -14,7 +14,7 @@ import torch.utils.checkpoint as _tuc
 
 __all__ = [
     "noop_context_fn", "backward_keeps_graph", "in_checkpoint_forward", "user_saved_tensors_hooks",
-    "make_saved_tensor", "unpack_saved_tensor", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
+    "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
     "pop_checkpoint_hooks", "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed",
     "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "HookPair", "SavedTensor",
 ]
@@ -182,6 +182,15 @@ def current_node_name() -> str | None:
 
 _EMPTY: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # the witness keeps the dtype (its type())
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
+
+
+def as_is(t: torch.Tensor) -> torch.Tensor:
+    """The saved-tensor hook that keeps a tensor as it is: as a pack hook, autograd keeps the tensor itself (no
+    checkpoint beneath sees it); as an unpack hook, it hands back what the pack hook kept.
+
+    Removable: never (not a torch internal; here beside the hooks it is passed with).
+    """
+    return t
 
 
 def version_witness(t: torch.Tensor) -> torch.Tensor | None:

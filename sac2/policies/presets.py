@@ -23,6 +23,7 @@ from sac2 import _compat, messages, pickling
 from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
 from sac2.invariants import InternalError
 from sac2.keys import PolicyOp, Region
+from sac2.module_names import names_module
 
 __all__ = [
     "lookup",
@@ -253,16 +254,13 @@ class _RecomputeLinears:
         return f"sac2.policies.recompute_linears(shapes={sorted(self.shapes)})"
 
 
-def _matches(fqn: str, name: str) -> bool:
-    return fqn == name or fqn.endswith("." + name)
-
-
 def recompute_linears(model: nn.Module, names: Iterable[str]) -> Callable[..., CheckpointPolicy]:
     """Always recompute the matmuls of the ``nn.Linear`` modules of ``model`` named by ``names``.
 
-    A name matches a module whose qualified name is the name or ends with ``"." + name`` (``"router.gate"``
-    matches ``layers.3.moe.router.gate``). Matmuls are recognised by the weight's shape, which is what a dispatch
-    mode can see: another Linear of the same shape is recomputed too, and a warning names it. Use it for small,
+    A name's dot-separated parts (globs) match the last parts of a module's qualified name (``"router.gate"``
+    and ``"*.gate"`` match ``layers.3.moe.router.gate``; the rule of ``sac2.module_names``). Matmuls are
+    recognised by the weight's shape, which is what a dispatch mode can see: another Linear of the same shape is
+    recomputed too, and a warning names it. Use it for small,
     cheap matmuls whose outputs are large or that run with dynamic shapes, such as an MoE router. A name that
     matches no module warns once and forces nothing, so one config serves dense and MoE models alike.
     Combine it with another policy: ``compose(recompute_linears(model, ["router.gate"]), llm())``.
@@ -282,7 +280,7 @@ def recompute_linears(model: nn.Module, names: Iterable[str]) -> Callable[..., C
     chosen: set[str] = set()
     unmatched = []
     for name in names:
-        found = [(fqn, m) for fqn, m in model.named_modules() if _matches(fqn, name)]
+        found = [(fqn, m) for fqn, m in model.named_modules() if names_module(name, fqn)]
         if not found:
             unmatched.append(name)
         for fqn, m in found:

@@ -15,6 +15,7 @@ from torch import nn
 from sac2 import _compat, messages, pickling
 from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state
 from sac2.keys import PolicyOp
+from sac2.module_names import torchtitan_names_module
 from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, import_op_modules, lookup
 
 __all__ = ["torchtitan_save_list", "torchtitan"]
@@ -104,7 +105,8 @@ def torchtitan(
         model: the model whose ``nn.Linear`` shapes ``force_recompute_mm_shapes_by_fqns`` picks; default (None)
             forces no shape.
         force_recompute_mm_shapes_by_fqns: substrings of qualified module names whose matmuls are always
-            recomputed; default torchtitan's ``("moe.router.gate",)``.
+            recomputed (torchtitan's rule, ``sac2.module_names.torchtitan_names_module``); default torchtitan's
+            ``("moe.router.gate",)``.
 
     Returns:
         The policy, answer for answer torchtitan's. It pickles.
@@ -116,7 +118,7 @@ def torchtitan(
     fqns = list(force_recompute_mm_shapes_by_fqns)
     shapes: set[tuple[int, int]] = set()
     for fqn, m in model.named_modules() if model is not None else ():
-        if not any(f in fqn for f in fqns):
+        if not any(torchtitan_names_module(f, fqn) for f in fqns):
             continue
         if not isinstance(m, nn.Linear):
             raise ValueError(messages.torchtitan_not_linear(fqn, m))
