@@ -440,10 +440,11 @@ def _draws(program: Program, oracle: Outcome) -> bool:
 
 def _hooks_change_torchs_result(program: Program, outcomes: dict[str, Outcome]) -> bool:
     """Whether sac2 equals the program run without checkpointing under hooks that copy as the user's do but keep
-    the strides, where the user's restrided copies give another result."""
+    the tensor as it lies in memory (``programs.replica``), where the user's restrided copies give another
+    result."""
     if program.hooks != "user":
         return False
-    bare = dataclasses.replace(program, hooks="clone")
+    bare = dataclasses.replace(program, hooks="replica")
     without = run_variant(bare, "oracle")
     return not without.error and diff(without, outcomes["sac2"], without.rng, True) is None
 
@@ -482,8 +483,9 @@ def run_case(case: int | Program) -> CaseResult:
             status, reason = "reported", "torch differs under any dispatch mode"
     if status == "fail" and verdict in ("wrong", "accepts_rejected") and _hooks_change_torchs_result(program, outcomes):
         # The user's hook hands backward a restrided copy and torch's backward computes another result from it
-        # (layer_norm's CPU backward) or fails on it (a view of it): sac2's recompute hands back the forward's
-        # layout, as hooks that copy without restriding do. Reported, not failed.
+        # (layer_norm's CPU backward; batch_norm's from a strided weight the hook made contiguous) or fails on it
+        # (a view of it): sac2's recompute hands back the forward's tensors, as hooks that copy the memory they
+        # lie in do. Reported, not failed.
         status, reason = "reported", "torch computes differently from the hook's restrided copy"
     if status == "fail" and verdict == "wrong" and not program.preserve_rng_state and _draws(program, first):
         # preserve_rng_state=False asks a recompute to draw from the live generator: what it draws differs from

@@ -151,6 +151,16 @@ def pack_restrided(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(0, -1).contiguous().transpose(0, -1)
 
 
+def replica(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` as it lies in memory: its whole storage copied, viewed with its offset and strides (``clone``
+    makes a diagonal view contiguous). torch's CPU batch_norm backward reads a strided weight as if it were
+    contiguous, so what it computes depends on the weight's neighbours in memory too."""
+    if t.is_nested or t.layout is not torch.strided:
+        return t.clone()
+    storage = t.untyped_storage().clone()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride())
+
+
 def unpack_same(t: torch.Tensor) -> torch.Tensor:
     """The user unpack hook of the ``hooks`` kind."""
     return t
@@ -169,8 +179,8 @@ def hooks_context(name: str) -> Any:
     _packs[0] = 0
     if name == "save_on_cpu":
         return torch.autograd.graph.save_on_cpu()
-    if name == "clone":  # the user hook's copy without its other strides (the oracle's check of torch's kernels)
-        return torch.autograd.graph.saved_tensors_hooks(torch.clone, unpack_same)
+    if name == "replica":  # the user hook's copy as the tensor lies in memory (the oracle's check of torch's kernels)
+        return torch.autograd.graph.saved_tensors_hooks(replica, unpack_same)
     return torch.autograd.graph.saved_tensors_hooks(pack_restrided, unpack_same)
 
 
@@ -496,6 +506,7 @@ class Gen:
         self.after_outputs: list[tuple[Var, str]] = []  # outputs the epilogue writes, and how
         self.hooks = ""
         self.respect_hooks: bool | None = None
+        self.grew_saved = False  # a ``resize_saved`` grew a saved tensor
         self._n = 0
         self._groups = 0
         self.depth = 0
@@ -1149,6 +1160,7 @@ def k_nested(g: Gen) -> list[str] | None:
             body += lines
             g.kinds.append(kind)
     g.twice_ok &= sub.twice_ok
+    g.grew_saved |= sub.grew_saved
     result = sub.vars[-1]
     name = f"inner{len(g.statements)}"
     out = g.new(result.shape, result.dtype)
@@ -1222,7 +1234,11 @@ def k_resize_saved(g: Gen) -> list[str] | None:
     n = g.new(a.shape, a.dtype)
     y = g.new(a.shape, a.dtype)
     g.freeze(b, y)
-    size = g.rng.choice([[2 * _numel(a.shape)], [1], [2, _numel(a.shape)]])
+    # Growing it under hooks that keep the tensor itself (save_on_cpu on CPU) would have backward read the new,
+    # uninitialised elements: torch's own result is not defined there (so k_hooks then leaves save_on_cpu out).
+    sizes = [[1]] if g.hooks == "save_on_cpu" else [[2 * _numel(a.shape)], [1], [2, _numel(a.shape)]]
+    size = g.rng.choice(sizes)
+    g.grew_saved |= size != [1]
     lines = [f"{n.name} = {a.name}.detach() * 2", f"{y.name} = {b.name} * {n.name}", f"{n.name}.resize_({size})"]
     g.vars.remove(n)  # its shape changed: later kinds would need to know the new one
     return lines
@@ -1278,7 +1294,12 @@ def k_hooks(g: Gen) -> list[str] | None:
     strides), with ``respect_saved_tensors_hooks`` True or False: a statement that is only a comment."""
     if g.depth > 0 or g.hooks:
         return None
-    g.hooks = g.rng.choice([h for h in sorted(HOOKS) if h != "user" or "rrelu" not in g.kinds])  # see k_rrelu
+    # Not the user's copying hooks after rrelu (k_rrelu), nor save_on_cpu after a saved tensor grew (k_resize_saved).
+    refused = {"user": "rrelu" in g.kinds, "save_on_cpu": g.grew_saved}
+    allowed = [h for h in sorted(HOOKS) if not refused[h]]
+    if not allowed:
+        return None
+    g.hooks = g.rng.choice(allowed)
     g.respect_hooks = g.rng.random() < 0.5
     return [f"# the call runs under {g.hooks}, respect_saved_tensors_hooks={g.respect_hooks}"]
 
