@@ -108,8 +108,9 @@ class _Forward:
             return None
         if forward_context is None:
             count_forward()  # full AC on sac2's frame; a selective forward counts when its context enters
-        frame = _frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
-                       o["early_stop"])
+        early_stop = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
+        frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
+                      o["early_stop"] if early_stop is None else early_stop)
         if o["debug"] or _compat.checkpoint_debug_override():
             frame.trace = OpTrace()
             forward_context = frame.trace.around(forward_context)
@@ -168,20 +169,6 @@ def _telling(options: _compat.FrameOptions, told: list[ContextManager[object] | 
         return forward, recompute
 
     return {**options, "context_fn": telling}
-
-
-def _frame(
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    preserve_rng_state: bool,
-    recompute_context: ContextManager[object] | None,
-    determinism_check: str,
-    early_stop: bool,
-) -> Frame:
-    override = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
-    return Frame(function, args, kwargs, preserve_rng_state, recompute_context, determinism_check,
-                 early_stop if override is None else override)
 
 
 def _enter(
