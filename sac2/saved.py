@@ -29,6 +29,7 @@ from sac2._compat import tree_map
 from sac2.draws import GeneratorState
 from sac2.invariants import InternalError
 from sac2.keys import Key
+from sac2.saved_versions import hooks_keep
 
 __all__ = ["State", "Saved"]
 
@@ -168,9 +169,13 @@ class Saved:
         self.versions = _compat.versions(self.tensors)
 
     def modified(self) -> bool:
+        """Whether what the entry serves was written in place since it was kept. For a PACKED entry, only where
+        the hooks keep the tensors themselves (probed then): a copy the hooks made is what backward reads."""
         if self.state is _STALE:
             return True
-        return _compat.versions(self.tensors) != self.versions
+        if _compat.versions(self.tensors) == self.versions:
+            return False
+        return self.state is not _PACKED or self.hooks is None or hooks_keep(self.hooks, self.tensors[0].device, {})
 
     def mark_stale(self) -> None:
         """A later op of the forward wrote into what the entry holds: recompute it instead (HELD or
@@ -199,7 +204,8 @@ class Saved:
 
     def pack(self, hooks: Hooks) -> None:
         """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served
-        (HELD to PACKED)."""
+        (HELD to PACKED). It still watches their versions, through witnesses that hold no storage: hooks that keep
+        the tensors themselves (``save_on_cpu`` on CPU) hand back what a write after the forward changed."""
         self._move(_PACKED, _HELD)
         pack_hook = hooks[0]
 
@@ -209,7 +215,7 @@ class Saved:
         self.hooks = hooks
         self.packed = (tree_map(one, self.out), [(p, _Packed(pack_hook(t), t)) for p, t in self.writes])
         self.out, self.writes = None, ()
-        self.tensors, self.versions = (), ()  # what the hooks hold is theirs: sac2 no longer watches it
+        self.tensors = tuple([_witness(t) for t in self.tensors])
 
     # --- recompute -----------------------------------------------------------------------------------------
     def unpack(self) -> None:
@@ -322,3 +328,9 @@ def _served(out: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 def _stored_leaves(out: Any) -> list[Any]:
     """The leaves of a saved output, ``_ArgRef``s included."""
     return _compat.tree_leaves(out, is_leaf=lambda x: type(x) is _ArgRef)
+
+
+def _witness(t: Tensor) -> Tensor:
+    """A tensor sharing ``t``'s version counter and no storage, or ``t`` where none can be made."""
+    w = _compat.version_witness(t)
+    return t if w is None else w

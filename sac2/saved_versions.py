@@ -16,7 +16,7 @@ import torch
 
 from sac2 import _compat, messages
 
-__all__ = ["SavedVersions", "Entry"]
+__all__ = ["SavedVersions", "Entry", "hooks_keep"]
 
 Tensor = torch.Tensor
 #: A position's witness (``_compat.version_witness``, else a weak reference to the tensor), its version when
@@ -107,18 +107,21 @@ class SavedVersions:
         return early_stop and not replayed, frozenset(copy)
 
     def _hooks_keep(self, device: torch.device) -> bool:
-        """Whether the user's hooks hand back the tensor they were given (not a copy), probed once per device with
-        a one-element tensor."""
-        keep = self.hooks_keep.get(device)
-        if keep is None and self.user_hooks is not None:
-            pack, unpack = self.user_hooks
-            with _compat.no_modes(), torch.no_grad():
-                probe = torch.zeros(1, device=device)
-                back: object = unpack(pack(probe))
-            keep = self.hooks_keep[device] = (
-                isinstance(back, Tensor) and _compat.storage_id(back) == _compat.storage_id(probe)
-            )
-        return bool(keep)
+        """Whether the user's hooks hand back the tensor they were given (not a copy) on ``device``."""
+        return self.user_hooks is not None and hooks_keep(self.user_hooks, device, self.hooks_keep)
+
+
+def hooks_keep(hooks: _compat.HookPair, device: torch.device, probed: dict[torch.device, bool]) -> bool:
+    """Whether ``hooks`` hand back the tensor they were given (not a copy) on ``device``, probed once per device
+    (remembered in ``probed``) with a one-element tensor."""
+    keep = probed.get(device)
+    if keep is None:
+        pack, unpack = hooks
+        with _compat.no_modes(), torch.no_grad():
+            probe = torch.zeros(1, device=device)
+            back: object = unpack(pack(probe))
+        keep = probed[device] = isinstance(back, Tensor) and _compat.storage_id(back) == _compat.storage_id(probe)
+    return keep
 
 
 def _entry(x: Tensor) -> Entry:

@@ -409,6 +409,43 @@ def test_a_saved_tensor_written_after_the_forward_under_hooks_that_copy_gives_th
     assert torch.equal(g, w)
 
 
+def _saved_sin_written_after_the_forward(hooks: Any, checkpointed: bool) -> torch.Tensor:
+    """``y = sin(x)`` is saved by the policy (and by no backward node: sin saves ``x``); ``b = cos(y)`` (an ``out=``
+    buffer) and ``y * b`` are recomputed, the sum is saved; ``y`` is written after the forward. Returns x's
+    gradient (through ``y * b``, which saves ``b``)."""
+    x = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    kept: list[torch.Tensor] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.sin()
+        kept.append(y)
+        b = torch.zeros(4, 4, dtype=torch.float64)
+        torch.cos(y.detach(), out=b)
+        return torch.sum(y * b, dim=-1)
+
+    saving = contexts([torch.ops.aten.sin.default, torch.ops.aten.sum.dim_IntList])
+    with hooks:
+        out = sac2.checkpoint(f, x, context_fn=saving, respect_saved_tensors_hooks=True) if checkpointed else f(x)
+    with torch.no_grad():
+        kept[0].add_(1.0)
+    return torch.autograd.grad(out.sum(), [x])[0]
+
+
+def test_a_saved_op_output_written_after_the_forward_under_hooks_keeping_it_raises():
+    # save_on_cpu keeps a CPU tensor itself: what sac2 serves is the written value, and recompute would make
+    # another ``cos(y)`` from it than the forward's, which backward without checkpointing reads.
+    with pytest.raises(RuntimeError, match=r"modified in place after the checkpointed forward ended"):
+        _saved_sin_written_after_the_forward(torch.autograd.graph.save_on_cpu(), checkpointed=True)
+
+
+def test_a_saved_op_output_written_after_the_forward_under_hooks_that_copy_gives_the_copy():
+    def copying() -> Any:
+        return torch.autograd.graph.saved_tensors_hooks(_clone, lambda t: t)
+
+    want = _saved_sin_written_after_the_forward(copying(), checkpointed=False)
+    assert torch.equal(_saved_sin_written_after_the_forward(copying(), checkpointed=True), want)
+
+
 def test_a_saved_op_output_a_hook_handed_back_as_a_view_takes_in_place_view_ops_in_recompute():
     # The hook's copy is a view made in no-grad mode; autograd forbids in-place ops on such a view in grad mode.
     def f(x: torch.Tensor) -> torch.Tensor:
