@@ -22,6 +22,8 @@ __all__ = [
     "ForwardContext",
     "forward_state",
     "OFFLOADING",
+    "SAVE_OFFLOAD",
+    "from_bool",
     "SAVING",
     "SaveList",
     "as_policy",
@@ -80,12 +82,21 @@ def op_name(op: object) -> str:
     return str(op)
 
 
+#: What each answer asks of the op: (keep its output, keep it on the host).
+SAVE_OFFLOAD: dict[CheckpointPolicy, tuple[bool, bool]] = {p: (p in SAVING, p in OFFLOADING) for p in CheckpointPolicy}
+
+
+def from_bool(save: bool) -> CheckpointPolicy:
+    """A bool answer as a policy: True saves (MUST_SAVE), False recomputes (PREFER_RECOMPUTE), as torch reads it."""
+    return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+
 def decide(value: object, op: object, call_index: int) -> CheckpointPolicy:
     """Normalise what a policy returned: a ``CheckpointPolicy`` or a bool (True saves), else TypeError."""
     if type(value) is CheckpointPolicy:
         return value
     if type(value) is bool:
-        return CheckpointPolicy.MUST_SAVE if value else CheckpointPolicy.PREFER_RECOMPUTE
+        return from_bool(value)
     raise TypeError(messages.bad_policy_answer(value, op_name(op), call_index))
 
 
@@ -117,7 +128,7 @@ class SaveList:
     ) -> CheckpointPolicy:
         # As the modes' own lookup: a compiled callable given a name matches a Region of that name too.
         saved = op in self.ops or (op in KEYED_OPS and region_of(op, args) in self.ops)
-        return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
+        return from_bool(saved)
 
     def __repr__(self) -> str:
         return f"SaveList({sorted(map(op_name, self.ops))})"

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from sac2 import _compat, dispatch_flags, keys, messages, writes
-from sac2.answers import OFFLOADING, SAVING, CheckpointPolicy, ForwardContext, PolicyFn, SaveList, decide, op_name
+from sac2.answers import SAVE_OFFLOAD, CheckpointPolicy, ForwardContext, PolicyFn, SaveList, decide, op_name
 from sac2.draws import rng_before, rng_moved
 from sac2.notices import count_forward, warn_once
 from sac2.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
@@ -131,11 +131,10 @@ class CachingMode(SacMode):
                     return out
                 offload = False
             else:
-                policy = self.decide(func, op, args, kwargs, out, len(log))
-                if policy not in SAVING:
+                save, offload = SAVE_OFFLOAD[self.decide(func, op, args, kwargs, out, len(log))]
+                if not save:
                     log.append(func)
                     return out
-                offload = policy in OFFLOADING
             entry = self._save(func, func, op, args, kwargs, out, None)
             if entry is not None:
                 self.record.add(entry, offload)
@@ -201,8 +200,7 @@ class CachingMode(SacMode):
         """(save, offload) for one call on ``_dispatch``'s path: a save list's membership (a keyed op by the region
         it runs; an ordered side effect always), else the policy's answer."""
         if self._save_ids is None:
-            policy = self.decide(func, op, args, kwargs, out, len(self._log))
-            return policy in SAVING, policy in OFFLOADING
+            return SAVE_OFFLOAD[self.decide(func, op, args, kwargs, out, len(self._log))]
         save_ops = self._save_ops
         if id(func) in self._save_ids or op.ordered:
             return True, False
@@ -294,8 +292,7 @@ class CachingMode(SacMode):
         """(save, offload) for one region call: a save list's membership, else the policy's answer."""
         if self._save_ops is not None:
             return call.key in self._save_ops, False
-        policy = self.ask(call.key, call.args, call.kwargs, None, len(self._log))
-        return policy in SAVING, policy in OFFLOADING
+        return SAVE_OFFLOAD[self.ask(call.key, call.args, call.kwargs, None, len(self._log))]
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

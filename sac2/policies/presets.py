@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from sac2 import _compat, messages, pickling
-from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, op_name
+from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, from_bool, op_name
 from sac2.invariants import InternalError
 from sac2.keys import PolicyOp, Region
 from sac2.module_names import names_module
@@ -311,7 +311,7 @@ class _Compose:
         for policy in self.policies:
             answer = policy(ctx, op, *args, **kwargs)
             if type(answer) is bool:
-                answer = MUST_SAVE if answer else PREFER_RECOMPUTE
+                answer = from_bool(answer)
             elif type(answer) is not CheckpointPolicy:
                 raise TypeError(messages.compose_bad_answer(policy, answer, op_name(op)))
             if answer in _MUST:
