@@ -27,7 +27,8 @@ its frame): ``Frame`` keeps 1 to 6, ``sac2.frame_entry``, which enters and leave
 5. The determinism check compares the count, shapes, dtypes and devices of what recompute saved with the forward's
    (``test_frame``: determinism check).
 6. Nesting: the inputs are saved as autograd saves tensors, so an inner checkpoint's recompute unpacks them from
-   the outer one, which recomputes first (``test_frame``: nesting both ways).
+   the outer one, which recomputes first (``test_frame``: nesting both ways); a nested call's input written in
+   place since the call started raises autograd's error naming the input (``test_against_no_checkpointing``).
 7. What a selective policy saves goes through the user's saved-tensor hooks in scope when
    ``respect_saved_tensors_hooks`` is True, bypasses them when False, and bypasses them with torch's FutureWarning
    when None (``test_saved_tensors_hooks``).
