@@ -49,7 +49,7 @@ from typing import Any, Callable, ContextManager, Final, TypeAlias
 import torch
 from torch.utils.checkpoint import GraphExecGroup
 
-from sac2 import _compat, messages
+from sac2 import _compat, messages, saved_versions
 from sac2.debug_trace import OpTrace
 from sac2.frame_switches import preserved_generators
 from sac2.invariants import InternalError
@@ -136,7 +136,7 @@ class Frame:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
         hooks in its graph): only the unpack hook does."""
         holders, metas, versions, check = self.holders, self.metas, self.versions.entries, self.check
-        ref, new, version, witness = weakref.ref, Holder.__new__, _compat.version, _compat.version_witness
+        ref, new, witnessed = weakref.ref, Holder.__new__, saved_versions.entry
         # The inputs are saved as autograd saves tensors (see __init__): autograd checks their versions itself.
         inputs = self.input_ids
 
@@ -147,8 +147,7 @@ class Frame:
             if versions is not None and id(x) in inputs:
                 versions.append(None)
             elif versions is not None:
-                w = witness(x)  # (a witness has no shape of its own: keep the tensor's for the error message)
-                versions.append((ref(x), version(x), None) if w is None else (w, version(x), x.shape))
+                versions.append(witnessed(x))
             if check:
                 metas.append((x.shape, x.dtype, x.device))
             return h

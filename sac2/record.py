@@ -22,7 +22,6 @@ from sac2.notices import warn_once
 from sac2.saved import Saved, State
 from sac2.storage_tracker import StorageTracker
 
-# ``Saved`` is re-exported: the modes, tracing and the profiler import it from here with ``Record``.
 __all__ = ["Record"]
 
 Tensor = torch.Tensor

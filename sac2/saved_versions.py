@@ -16,12 +16,14 @@ import torch
 
 from sac2 import _compat, messages
 
-__all__ = ["SavedVersions", "Entry", "hooks_keep"]
+__all__ = ["SavedVersions", "Entry", "Witnessed", "entry", "hooks_keep"]
 
 Tensor = torch.Tensor
-#: A position's witness (``_compat.version_witness``, else a weak reference to the tensor), its version when
-#: saved, and its shape where the witness has none; None for a checkpoint input (autograd checks it).
-Entry = tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None] | None
+#: A tensor's witness (``_compat.version_witness``, else a weak reference to the tensor), its version when saved,
+#: and, with a witness (which has no shape of its own), its shape.
+Witnessed = tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None]
+#: A position's ``Witnessed``; None for a checkpoint input (autograd checks it).
+Entry = Witnessed | None
 
 
 class SavedVersions:
@@ -36,11 +38,11 @@ class SavedVersions:
         self.user_hooks = _compat.user_saved_tensors_hooks()
         #: A nested call's tensor inputs, which the enclosing checkpoint holds (on its own, autograd checks them
         #: itself, in its words), where autograd would check them (no user hooks): (input index, entry).
-        self.inputs: list[tuple[int, Entry]] = []
+        self.inputs: list[tuple[int, Witnessed]] = []
         if nested and self.entries is not None and self.user_hooks is None:
             for k, a in enumerate(args):
                 if isinstance(a, Tensor):
-                    self.inputs.append((k, _entry(a)))
+                    self.inputs.append((k, entry(a)))
         #: Under those hooks: each position's version when the forward ended.
         self.end_versions: list[int | None] | None = None
         #: Whether the hooks hand back the tensor they were given, by device (probed when first needed).
@@ -50,14 +52,14 @@ class SavedVersions:
         """autograd's error if the tensor saved at position ``i`` was written in place since (rule 3), naming the
         backward node running when ``here`` (it is the one unpacking it); under the user's hooks, sac2's error for
         a write after the forward into a tensor they keep by reference, which recompute cannot make again (3a)."""
-        entry = self.entries[i] if self.entries is not None else None
-        if entry is None:
+        saved = self.entries[i] if self.entries is not None else None
+        if saved is None:
             return
-        _, packed_version, shape = entry
-        x = _tensor(entry)
+        packed_version = saved[1]
+        x = _tensor(saved)
         if x is None or _compat.version(x) == packed_version:
             return
-        tensor = f"[{x.type()} {list(x.shape if shape is None else shape)}]"
+        tensor = _described(x, saved)
         if self.user_hooks is None:
             node = _compat.current_node_name() if here else None
             raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, i))
@@ -70,11 +72,10 @@ class SavedVersions:
         started: recompute runs the function again from its inputs and would compute from other values than the
         forward did (autograd's own check of the inputs, which it cannot make where the outer checkpoint holds
         them; that one's check would name a node that never saved them)."""
-        for k, entry in self.inputs:
-            x = _tensor(entry)
-            if x is not None and entry is not None and _compat.version(x) != entry[1]:
-                tensor = f"[{x.type()} {list(x.shape if entry[2] is None else entry[2])}]"
-                raise RuntimeError(messages.checkpoint_input_modified(tensor, _compat.version(x), entry[1], k))
+        for k, e in self.inputs:
+            x = _tensor(e)
+            if x is not None and _compat.version(x) != e[1]:
+                raise RuntimeError(messages.checkpoint_input_modified(_described(x, e), _compat.version(x), e[1], k))
 
     def changed(self, i: int) -> bool:
         """Whether the tensor saved at position ``i`` was written in place since it was saved."""
@@ -124,10 +125,16 @@ def hooks_keep(hooks: _compat.HookPair, device: torch.device, probed: dict[torch
     return keep
 
 
-def _entry(x: Tensor) -> Entry:
-    """``x``'s witness (or a weak reference where it has none), its version now, and its shape with a witness."""
+def entry(x: Tensor) -> Witnessed:
+    """``x``'s witness (or a weak reference where it has none), its version now, and its shape with a witness (which
+    has no shape of its own: the error messages name it)."""
     w = _compat.version_witness(x)
     return (weakref.ref(x), _compat.version(x), None) if w is None else (w, _compat.version(x), x.shape)
+
+
+def _described(x: Tensor, e: Witnessed) -> str:
+    """``[torch.DoubleTensor [4, 4]]``: how autograd's in-place error names the tensor of ``e`` (``x``)."""
+    return f"[{x.type()} {list(x.shape if e[2] is None else e[2])}]"
 
 
 def _tensor(entry: Entry) -> Tensor | None:
