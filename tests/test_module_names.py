@@ -17,9 +17,10 @@ def test_a_name_picks_the_module_whose_last_parts_it_matches(name):
     assert names_module(name, "layers.3.moe.router.gate")
 
 
-@pytest.mark.parametrize("name", ["mlp.down_proj", "self_attn.*_proj", "*_proj"])
-def test_the_globs_apply_ac_took_still_pick_their_modules(name):
-    assert names_module(name, "self_attn.q_proj") or names_module(name, "mlp.down_proj")
+@pytest.mark.parametrize(("name", "fqn"), [("mlp.down_proj", "mlp.down_proj"), ("self_attn.*_proj", "self_attn.q_proj"),
+                                           ("*_proj", "self_attn.q_proj"), ("*_proj", "mlp.down_proj")])
+def test_the_globs_apply_ac_took_still_pick_their_modules(name, fqn):
+    assert names_module(name, fqn)
 
 
 @pytest.mark.parametrize(("name", "fqn"), [("attn", "self_attn"), ("attn", "attn.q_proj"), ("router", "router.gate"),
