@@ -9,14 +9,17 @@ What ``save`` can name, inside each block:
   registered again as a region (``sac2_<implementation>``) and the model switched to it; otherwise the block's
   attention kernel modules (modules without parameters whose class name ends in ``Attention``: torchtitan's
   ``ScaledDotProductAttention``/``FlexAttention``/``VarlenAttention``, ``sac2.bench.models``') are made regions.
-- ``"linear"``: every ``nn.Linear`` (subclasses too); ``"experts"``: MoE expert modules (class name ends in
-  ``Experts``: transformers' ``Qwen3MoeExperts``/``MixtralExperts``, torchtitan's ``GroupedExperts``; experts
-  holding experts, as torchtitan's ``RoutedExperts``, give the inner ones);
+- ``"linear"``: every ``nn.Linear`` (subclasses too); ``"experts"``: the matmul calls inside MoE expert modules
+  (class name ends in ``Experts``: transformers' ``Qwen3MoeExperts``/``MixtralExperts``, torchtitan's
+  ``GroupedExperts``; experts holding experts, as torchtitan's ``RoutedExperts``, give the inner ones), each a
+  call of one region named for the module (``sac2.matmul_calls``), so saving them keeps what saving their matmuls
+  op by op keeps;
 - a module class: its instances; any other string: a name (dot-separated globs) matching the last parts of module
   names relative to the block, by ``sac2.module_names``' rule (``"mlp.down_proj"``, ``"*_proj"``).
 
-A module becomes a region in place (its class is swapped for ``Region<Name>``: parameter names, state-dict keys and
-hooks stay), named by its name relative to the block, so one ``sac2.Region`` covers the same module in every block.
+A module becomes a region in place (its class is swapped for ``Region<Name>``, or ``Matmuls<Name>`` for experts:
+parameter names, state-dict keys and hooks stay), named by its name relative to the block, so one ``sac2.Region``
+covers the same module in every block.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch import nn
 
 from sac2 import messages, module_class
 from sac2.keys import Region
+from sac2.matmul_calls import matmuls_as_regions
 from sac2.module_names import names_module
 from sac2.regions import call_region, region_key
 
@@ -47,7 +51,13 @@ def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **
     return call_region(key, forward, args, kwargs)
 
 
+def _matmuls_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    key: Region = vars(self)["_sac2_region"]
+    return matmuls_as_regions(key, forward, args, kwargs)
+
+
 module_class.register_kind("Region", _region_forward)
+module_class.register_kind("Matmuls", _matmuls_forward)
 
 
 def region_name_of(module: nn.Module) -> str | None:
@@ -137,8 +147,9 @@ def _make_region_modules(chosen: dict[str, tuple[str, nn.Module] | None]) -> set
         name, module = found
         _refuse(module, name)
         vars(module)["_sac2_region"] = region_key(name)
-        if not module_class.is_kind(module, "Region"):  # made a region before: renamed only
-            module_class.swap_class(module, "Region")
+        kind = "Matmuls" if _matches(EXPERTS, name, module) else "Region"
+        if not module_class.is_kind(module, kind):  # made a region before: renamed only
+            module_class.swap_class(module, kind)
         names.add(name)
     return names
 

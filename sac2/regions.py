@@ -20,7 +20,7 @@ from sac2.compiled import compiled_region, sac2_modes_on_top
 from sac2.keys import Region
 from sac2.region_call import RegionCall
 
-__all__ = ["region", "call_region", "region_key"]
+__all__ = ["region", "call_region", "region_key", "in_region_context"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,6 +38,14 @@ _regions: dict[str, Region] = {}
 def region_key(name: str) -> Region:
     """The one ``Region`` object of a name (``ReplayMode`` matches keys by identity)."""
     return _regions.setdefault(name, Region(name))
+
+
+def in_region_context() -> bool:
+    """Whether a ``call_region`` here is a region call (inside sac2 SAC, or traced by torch.compile), not a plain
+    call."""
+    if torch.compiler.is_compiling() or region_record.active() is not None:
+        return True
+    return bool(_compat.mode_stack_len() and sac2_modes_on_top())
 
 
 def call_region(key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

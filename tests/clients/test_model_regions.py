@@ -32,6 +32,7 @@ from torchtitan.distributed import activation_checkpoint as tt_ac  # noqa: E402
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 
 import sac2  # noqa: E402
+from sac2.bench.memory import measure_step  # noqa: E402
 from sac2.integrations.torchtitan import apply_ac as tt_apply_ac  # noqa: E402
 from sac2.model_regions import region_name_of  # noqa: E402
 
@@ -184,6 +185,28 @@ def test_torchtitan_regions_train_bitwise_like_no_ac(name, save):
     result, forwards = counted(lambda: tt_train(model))
     assert forwards == blocks * STEPS
     assert_bitwise_equal(result, tt_reference(name))
+
+
+_aten = torch.ops.aten
+#: (library, model, regions saved, the same ops saved op by op): transformers' experts call torch._grouped_mm
+#: (its default experts implementation, "grouped_mm"), its router F.linear (mm) as every Linear without bias;
+#: torchtitan's GroupedExperts call torch._grouped_mm.
+_HF_OPS = [_aten.mm.default, _aten.addmm.default, _aten._grouped_mm.default]
+_moe_cases = [pytest.param("hf", family, ["experts", "linear"], _HF_OPS, id=family)
+              for family in ("qwen3_moe", "mixtral")] + [
+    pytest.param("tt", "deepseek_v3", ["experts"], [_aten._grouped_mm.default], id="torchtitan-deepseek_v3")]
+
+
+@pytest.mark.parametrize("library,name,save,ops", _moe_cases)
+def test_saved_experts_keep_no_more_than_their_matmuls_saved_op_by_op(library, name, save, ops):
+    def kept(model: torch.nn.Module, mode: str, **options) -> int:
+        sac2.apply_ac(model, mode, **options)
+        ids = tokens() if library == "hf" else tokens(vocab=TT_VOCAB, seq=33)
+        loss = (lambda: hf_loss(model, ids, use_cache=False)) if library == "hf" else (lambda: tt_loss(ids)(model))
+        return measure_step(loss, "cpu")[0].kept
+
+    make = hf_model if library == "hf" else titan_model
+    assert kept(make(name), "regions", save=save) <= kept(make(name), "selective", policy=ops) + 1024
 
 
 class RegionsAC(tt_ac.ActivationCheckpointing):

@@ -1,0 +1,140 @@
+"""Saving MoE experts as one-line regions keeps what saving their matmuls op by op keeps.
+
+``apply_ac(model, "regions", save=["experts"])`` makes each matmul call inside an experts module a call of one
+region (``sac2.matmul_calls``): saved, each keeps its output, and the cheap ops between them (the tokens each
+expert gathers, the activation) run again in recompute, as they do when the matmuls are saved op by op. A whole
+experts body as one saved region kept all of them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sac2
+from sac2.bench.memory import measure_step
+from tests.helpers import OpRuns
+
+aten = torch.ops.aten
+TOKENS, DIM, HIDDEN, EXPERTS, TOP = 256, 32, 64, 4, 2
+
+
+class ToyExperts(nn.Module):
+    """transformers' eager experts: 3-D expert weights, a loop over the experts, tokens gathered per expert."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.randn(EXPERTS, 2 * HIDDEN, DIM) * DIM ** -0.5)
+        self.down = nn.Parameter(torch.randn(EXPERTS, DIM, HIDDEN) * HIDDEN ** -0.5)
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for e in range(EXPERTS):
+            token, slot = torch.where(index == e)
+            gate, up = F.linear(x[token], self.gate_up[e]).chunk(2, dim=-1)
+            h = F.linear(F.silu(gate) * up, self.down[e]) * weights[token, slot, None]
+            out = out.index_add(0, token, h)
+        return out
+
+
+class MoEBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = nn.Linear(DIM, EXPERTS, bias=False)
+        self.experts = ToyExperts()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.sin()
+        weights, index = self.router(h).softmax(-1).topk(TOP, dim=-1)
+        return x + self.experts(h, index, weights)
+
+
+class MoE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = nn.ModuleList([MoEBlock(), MoEBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x.square().mean()
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(TOKENS, DIM, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+
+def _kept_and_grads(model: nn.Module) -> tuple[int, list[torch.Tensor]]:
+    x = _x()
+    memory, _ = measure_step(lambda: model(x), "cpu")
+    return memory.kept, [x.grad, *(p.grad for p in model.parameters())]
+
+
+def _same(got: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:
+    return all(torch.equal(g, r) for g, r in zip(got, reference, strict=True))
+
+
+def test_saved_experts_keep_what_saving_their_matmuls_op_by_op_keeps():
+    by_ops = MoE()
+    sac2.apply_ac(by_ops, "selective", policy=[aten.mm.default], blocks=by_ops.blocks)
+    ops_kept, _ = _kept_and_grads(by_ops)
+    regions = MoE()
+    sac2.apply_ac(regions, "regions", save=["experts", "linear"], blocks=regions.blocks)  # mm: experts and router
+    kept, _ = _kept_and_grads(regions)
+    assert kept <= ops_kept + 1024
+    # What a whole experts body saved (the gathered tokens, the activation and its product): far more.
+    assert kept < ops_kept + TOKENS * TOP * DIM * 4
+
+
+@pytest.mark.parametrize("style", ["once", "retain_graph", "double", "inputs"])
+def test_saved_experts_train_bitwise_like_no_checkpointing(style):
+    def run(model: nn.Module) -> list[torch.Tensor]:
+        x = _x()
+        leaves = [x, *model.parameters()]
+        loss = model(x)
+        if style == "once":
+            loss.backward()
+        elif style == "retain_graph":
+            loss.backward(retain_graph=True)
+            loss.backward()
+        elif style == "inputs":
+            loss.backward(inputs=[x])
+            return [x.grad]
+        else:
+            grads = torch.autograd.grad(loss, leaves, create_graph=True)
+            sum(g.square().sum() for g in grads).backward()
+        return [t.grad for t in leaves]
+
+    model = MoE()
+    sac2.apply_ac(model, "regions", save=["experts"], blocks=model.blocks)
+    assert _same(run(model), run(MoE()))
+
+
+def test_saved_experts_matmuls_do_not_run_again_in_recompute():
+    def backward_mms(save: list[str]) -> int:
+        model = MoE()
+        sac2.apply_ac(model, "regions", save=save, blocks=model.blocks)
+        loss = model(_x())
+        with OpRuns() as runs:
+            loss.backward()
+        return runs.counts[aten.mm.default]
+
+    forward_mms = 2 * 2 * EXPERTS  # two blocks, two matmuls per expert (every expert gets tokens here)
+    assert backward_mms(["experts", "linear"]) + forward_mms == backward_mms(["linear"])
+
+
+def test_explain_reports_saved_experts_keeping_their_matmul_outputs():
+    model = MoE()
+    sac2.apply_ac(model, "regions", save=["experts"], blocks=model.blocks)
+    block = model.blocks[0]
+    with torch.no_grad():
+        h = _x().detach().sin()
+        weights, index = block.router(h).softmax(-1).topk(TOP, dim=-1)
+    report = sac2.explain(block.experts, (h, index, weights), [sac2.Region("experts")])
+    (row,) = report.regions
+    routed = TOKENS * TOP  # each token's hidden state goes through TOP experts
+    assert (row.region, row.calls) == ("experts", 2 * EXPERTS)
+    assert row.kept_bytes == row.output_bytes == routed * (2 * HIDDEN + DIM) * 4
