@@ -186,6 +186,8 @@ class _Profiling(CachingMode):
         layouts = [] if region_saves.keeps_inputs(key) else region_saves.input_layouts(call.args, call.kwargs)
 
         def note(t: Tensor) -> Tensor:
+            if _compat.parameter_memory(t):
+                return t  # a parameter the body reads (or a view of one) is not an activation
             if not layouts or region_saves.rebuilds(t, layouts) is None:
                 state.append(t)
             return t

@@ -8,6 +8,8 @@ experts body as one saved region kept all of them.
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +17,7 @@ from torch import nn
 
 import sac2
 from sac2.bench.memory import measure_step
+from sac2.model_regions import make_regions
 from tests.helpers import OpRuns
 
 aten = torch.ops.aten
@@ -126,15 +129,16 @@ def test_saved_experts_matmuls_do_not_run_again_in_recompute():
     assert backward_mms(["experts", "linear"]) + forward_mms == backward_mms(["linear"])
 
 
-def test_explain_reports_saved_experts_keeping_their_matmul_outputs():
-    model = MoE()
-    sac2.apply_ac(model, "regions", save=["experts"], blocks=model.blocks)
-    block = model.blocks[0]
-    with torch.no_grad():
-        h = _x().detach().sin()
-        weights, index = block.router(h).softmax(-1).topk(TOP, dim=-1)
-    report = sac2.explain(block.experts, (h, index, weights), [sac2.Region("experts")])
-    (row,) = report.regions
-    routed = TOKENS * TOP  # each token's hidden state goes through TOP experts
-    assert (row.region, row.calls) == ("experts", 2 * EXPERTS)
-    assert row.kept_bytes == row.output_bytes == routed * (2 * HIDDEN + DIM) * 4
+def test_explain_reports_the_bytes_saved_experts_keep_as_the_allocator_measures_them():
+    block = MoEBlock()
+    make_regions(block, [("block", block)], ["experts"])
+    x = _x()
+
+    def kept(policy: list) -> int:
+        context_fn = partial(sac2.create_selective_checkpoint_contexts, policy)
+        step = lambda: sac2.checkpoint(block, x, use_reentrant=False, context_fn=context_fn).square().mean()  # noqa: E731
+        return measure_step(step, "cpu")[0].kept
+
+    (row,) = sac2.explain(block, (x,), [sac2.Region("experts")]).regions
+    assert (row.region, row.calls) == ("experts", 2 * EXPERTS)  # each matmul call inside the experts is one
+    assert row.kept_bytes == kept([sac2.Region("experts")]) - kept([])

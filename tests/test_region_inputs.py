@@ -170,6 +170,66 @@ def test_an_input_written_in_place_after_the_region_is_autograds_error():
         run(True)
 
 
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """flex_attention's dense eager path, the one CPU can differentiate (as tests/test_hops.py)."""
+    import torch.nn.attention.flex_attention as fa
+
+    monkeypatch.setattr(fa, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+    monkeypatch.setattr(fa, "_validate_device", lambda *args, **kwargs: None)
+    return fa.flex_attention
+
+
+def _flex_case(flex):
+    """sin -> flex_attention (as a region named "flex" or not) -> cos, on one [2, 4, 128, 16] input."""
+    def body(x: torch.Tensor, region: bool) -> torch.Tensor:
+        h = x.sin()
+        return (sac2.region(flex, name="flex")(h, h, h) if region else flex(h, h, h)).cos()
+
+    return body, torch.randn(2, 4, 128, 16, requires_grad=True), torch.ops.higher_order.flex_attention
+
+
+def _linear_case(view: str, twice: bool):
+    """``_Net``'s body: Linear regions (with bias: addmm) on ``VIEWS[view]`` of sin's output, one or chained."""
+    net = _Net(VIEWS[view], twice)
+
+    def body(x: torch.Tensor, region: bool) -> torch.Tensor:
+        if region:
+            return net.body(x)
+        h = net.a(net.view(x.sin()))
+        return (net.b(h) if twice else h).cos()
+
+    x = torch.randn(256, 24 if view == "slice" else 16, requires_grad=True)
+    return body, x, aten.addmm.default
+
+
+CASES = {**{f"linear-{v}": (v, False) for v in VIEWS}, "linear-chained": ("plain", True), "flex": None}
+REGIONS = [sac2.Region("ri_a"), sac2.Region("ri_b"), sac2.Region("flex")]
+
+
+def _case(name: str, request):
+    return _flex_case(request.getfixturevalue("eager_flex")) if CASES[name] is None else _linear_case(*CASES[name])
+
+
+def _kept(body, x: torch.Tensor, region: bool, policy: list) -> int:
+    context_fn = partial(sac2.create_selective_checkpoint_contexts, policy)
+    step = lambda: sac2.checkpoint(body, x, region, use_reentrant=False, context_fn=context_fn).sum()  # noqa: E731
+    return measure_step(step, "cpu")[0].kept
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_saved_region_keeps_what_saving_its_op_keeps(name, request):
+    body, x, op = _case(name, request)
+    assert _kept(body, x, True, REGIONS) <= _kept(body, x, False, [op]) + 1024
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_explain_reports_the_bytes_a_saved_region_keeps_as_the_allocator_measures_them(name, request):
+    body, x, _ = _case(name, request)
+    report = sac2.explain(lambda x: body(x, True), (x,), REGIONS)
+    assert sum(r.kept_bytes for r in report.regions) == _kept(body, x, True, REGIONS) - _kept(body, x, True, [])
+
+
 def test_explain_reports_a_linear_region_keeping_its_outputs_only():
     net = _Net()
     x = torch.randn(64, 16)

@@ -16,7 +16,8 @@ __all__ = [
     "noop_context_fn", "backward_keeps_graph", "in_checkpoint_forward", "user_saved_tensors_hooks",
     "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
     "pop_checkpoint_hooks", "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed",
-    "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "HookPair", "SavedTensor",
+    "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "parameter_memory", "HookPair",
+    "SavedTensor",
 ]
 
 #: A (pack, unpack) pair of saved-tensor hooks: pack turns a tensor into anything, unpack turns that back.
@@ -249,3 +250,12 @@ def top_saved_tensors_hooks() -> HookPair | None:
     Removable: torch exposes the innermost saved-tensor hooks publicly (``_top_saved_tensors_default_hooks``).
     """
     return _top_hooks()
+
+
+def parameter_memory(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a leaf that requires grad (a parameter) or a view of one: memory from before a forward.
+
+    Removable: never: ``Tensor._base`` is how torch names a view's base.
+    """
+    base = t._base if t._base is not None else t
+    return base.is_leaf and base.requires_grad
