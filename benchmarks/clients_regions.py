@@ -48,7 +48,7 @@ from sac2.bench.output import pareto_front
 
 MODELS = ("hf-llama", "hf-qwen3-moe", "tt-llama3")
 STOCK = "stock SAC"
-#: The two save sets of the region rows: row suffix -> ``save`` (attention is apply_ac's default).
+#: The two save sets of the region rows: row suffix -> ``save`` (matmuls is apply_ac's default).
 SAVES: dict[str, list[str] | None] = {"attention": ["attention"], "matmuls": ["attention", "linear", "experts"]}
 
 

@@ -130,7 +130,7 @@ def candidates_for(model: nn.Module, example_inputs: Any) -> list[Candidate]:  #
         Candidate("stock SAC llm()", "torch.utils.checkpoint + torch's SAC contexts, sac2.policies.llm()",
                   _stock_sac, reference=True),
     ]
-    for save in (["attention"], ["attention", "linear"], ["linear"], ["experts"]):
+    for save in (["attention"], ["attention", "linear", "experts"], ["linear"], ["experts"]):  # 2nd: the default
         out.append(Candidate(f"regions {'+'.join(save)}",
                              f'sac2.apply_ac(model, mode="regions", save={json.dumps(save)})', _regions(save)))
     for fraction in BUDGET_FRACTIONS:

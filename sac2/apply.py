@@ -50,7 +50,8 @@ def apply_ac(
         policy: ``mode="selective"`` only: a policy callable or a list of ops to save; default (None)
             ``sac2.policies.llm()``.
         save: ``mode="regions"`` only: what to make regions (``sac2.model_regions``: ``"attention"``,
-            ``"linear"``, ``"experts"``, module classes, name globs); default (None) ``("attention",)``.
+            ``"linear"``, ``"experts"``, module classes, name globs); default (None)
+            ``("attention", "linear", "experts")``.
         blocks: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
             module names, or a predicate (the outermost modules it accepts). Default (None): ``model.layers`` if
             it is such a container, else the one container of ``model`` with the most children, all of one class.

@@ -15,7 +15,9 @@ What ``save`` can name, inside each block:
   call of one region named for the module (``sac2.matmul_calls``), so saving them keeps what saving their matmuls
   op by op keeps;
 - a module class: its instances; any other string: a name (dot-separated globs) matching the last parts of module
-  names relative to the block, by ``sac2.module_names``' rule (``"mlp.down_proj"``, ``"*_proj"``).
+  names relative to the block, by ``sac2.module_names``' rule (``"mlp.down_proj"``, ``"*_proj"``). Each such module's
+  call is one region: saved, it keeps its body's backward state too (for an experts module named this way, the
+  gathered tokens and activations: more memory than ``"experts"``, no experts op again in recompute).
 
 A module becomes a region in place (its class is swapped for ``Region<Name>``, or ``Matmuls<Name>`` for experts:
 parameter names, state-dict keys and hooks stay), named by its name relative to the block, so one ``sac2.Region``
@@ -38,10 +40,11 @@ from sac2.regions import call_region, region_key
 __all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
 
 ATTENTION, LINEAR, EXPERTS = "attention", "linear", "experts"
-#: What ``mode="regions"`` saves by default: attention, which keeps less than op-level SAC with ``llm()`` and costs
-#: less time (a saved region keeps its body's backward state: for a Linear, its input too, which op-level saving
-#: of the matmul's output lets recompute rebuild; saving "linear" keeps about what no checkpointing keeps).
-DEFAULT_SAVE: tuple[Target, ...] = (ATTENTION,)
+#: What ``mode="regions"`` saves by default: every matmul and attention, ``llm()``'s choice made in regions. It
+#: keeps what stock SAC with ``llm()`` keeps and takes less time on the bench configs and client models (README,
+#: ``benchmarks/clients_regions.py``); attention alone keeps less but recomputes every matmul, which costs more
+#: than stock SAC where the matmuls dominate (``sac2 bench --config small``).
+DEFAULT_SAVE: tuple[Target, ...] = (ATTENTION, LINEAR, EXPERTS)
 
 Target = str | type
 
@@ -103,7 +106,7 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
     """Make the calls ``save`` names inside each block regions (in place); return the ``Region``s to save."""
     targets = _check_targets(save)
     modules = [t for t in targets if t != ATTENTION]
-    chosen, hit = _matching_modules(blocks, modules)
+    chosen, hit, by_matmuls = _matching_modules(blocks, modules)
     # A kind ("linear", "experts") may be absent (one config for dense and MoE models); a class or a glob is the
     # user's own and must match something, and so must the whole list.
     missed = [modules[i] for i in range(len(modules)) if i not in hit and (modules[i] not in (LINEAR, EXPERTS) or
@@ -113,16 +116,18 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
     if ATTENTION in targets:
         chosen.update(_attention(model, blocks))
     _refuse_nesting(chosen)
-    return [region_key(n) for n in sorted(_make_region_modules(chosen))]
+    return [region_key(n) for n in sorted(_make_region_modules(chosen, by_matmuls))]
 
 
 def _matching_modules(
     blocks: Sequence[tuple[str, nn.Module]], modules: list[Target]
-) -> tuple[dict[str, tuple[str, nn.Module] | None], set[int]]:
+) -> tuple[dict[str, tuple[str, nn.Module] | None], set[int], set[int]]:
     """("block fqn.relative name" -> (relative name, module) for each module inside a block that one of
-    ``modules`` matches, the indices of ``modules`` that matched something)."""
+    ``modules`` matches, the indices of ``modules`` that matched something, the ids of the modules ``"experts"``
+    matched: their matmul calls become the region calls)."""
     chosen: dict[str, tuple[str, nn.Module] | None] = {}
     hit: set[int] = set()
+    by_matmuls: set[int] = set()
     for block_name, block in blocks:
         for name, module in block.named_modules():
             if not name:
@@ -133,12 +138,14 @@ def _matching_modules(
             if matched:
                 hit.update(matched)
                 chosen[f"{block_name}.{name}"] = (name, module)
-    return chosen, hit
+                if any(modules[i] == EXPERTS for i in matched):
+                    by_matmuls.add(id(module))
+    return chosen, hit, by_matmuls
 
 
-def _make_region_modules(chosen: dict[str, tuple[str, nn.Module] | None]) -> set[str]:
-    """Make each chosen module a region (in place; None is transformers' attention interface, a region already);
-    return the region names."""
+def _make_region_modules(chosen: dict[str, tuple[str, nn.Module] | None], by_matmuls: set[int]) -> set[str]:
+    """Make each chosen module a region, or its matmul calls for those in ``by_matmuls`` (in place; None is
+    transformers' attention interface, a region already); return the region names."""
     names = set()
     for found in chosen.values():
         if found is None:
@@ -147,7 +154,9 @@ def _make_region_modules(chosen: dict[str, tuple[str, nn.Module] | None]) -> set
         name, module = found
         _refuse(module, name)
         vars(module)["_sac2_region"] = region_key(name)
-        kind = "Matmuls" if _matches(EXPERTS, name, module) else "Region"
+        kind, other = ("Matmuls", "Region") if id(module) in by_matmuls else ("Region", "Matmuls")
+        if module_class.is_kind(module, other):  # made the other kind of region before
+            module.__class__ = type(module).__mro__[1]
         if not module_class.is_kind(module, kind):  # made a region before: renamed only
             module_class.swap_class(module, kind)
         names.add(name)

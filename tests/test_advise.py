@@ -94,7 +94,7 @@ class TestAdvice(TestCase):
         self.assertEqual(
             [r.name for r in self.advice.rows],
             ["none", "full AC", "selective llm()", "stock SAC llm()", "regions attention",
-             "regions attention+linear", "regions linear", "budget 0.3", "budget 0.5", "budget 0.7"],
+             "regions attention+linear+experts", "regions linear", "budget 0.3", "budget 0.5", "budget 0.7"],
         )
 
     def test_every_setup_matches_no_checkpointing_bit_for_bit(self):
@@ -256,7 +256,7 @@ class TestOptions(TestCase):
             sac2.advise(model, inputs, steps=1, candidates=["regions everything"])
         self.assertExpectedInline(
             str(e.exception),
-            """sac2.advise: no candidate setup 'regions everything'; the built-in ones are: none, full AC, selective llm(), stock SAC llm(), regions attention, regions attention+linear, regions linear, regions experts, budget 0.3, budget 0.5, budget 0.7.""",  # noqa: E501
+            """sac2.advise: no candidate setup 'regions everything'; the built-in ones are: none, full AC, selective llm(), stock SAC llm(), regions attention, regions attention+linear+experts, regions linear, regions experts, budget 0.3, budget 0.5, budget 0.7.""",  # noqa: E501
         )
 
     def test_bad_memory_target(self):

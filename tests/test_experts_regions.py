@@ -142,3 +142,18 @@ def test_explain_reports_the_bytes_saved_experts_keep_as_the_allocator_measures_
     (row,) = sac2.explain(block, (x,), [sac2.Region("experts")]).regions
     assert (row.region, row.calls) == ("experts", 2 * EXPERTS)  # each matmul call inside the experts is one
     assert row.kept_bytes == kept([sac2.Region("experts")]) - kept([])
+
+
+def test_an_experts_module_named_by_its_class_is_one_region_its_body_not_run_in_recompute():
+    def runs_and_kept(save: list) -> tuple[int, int]:
+        model = MoE()
+        sac2.apply_ac(model, "regions", save=save, blocks=model.blocks)
+        runs = []
+        for block in model.blocks:
+            block.experts.register_forward_pre_hook(lambda *_: runs.append(1))
+        kept, _ = _kept_and_grads(model)
+        return len(runs), kept
+
+    (matmul_runs, matmul_kept), (whole_runs, whole_kept) = runs_and_kept(["experts"]), runs_and_kept([ToyExperts])
+    assert (matmul_runs, whole_runs) == (2 * 2, 2)  # two blocks: forward and recompute, or forward only
+    assert whole_kept > matmul_kept + TOKENS * TOP * DIM * 4  # it keeps its gathered tokens and activations

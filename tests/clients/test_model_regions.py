@@ -1,10 +1,9 @@
 """One-line regions on models sac2 did not write: ``sac2.apply_ac(model, "regions")`` on transformers' Llama, Qwen3,
 Qwen3-MoE and Mixtral and on torchtitan 0.3.0's llama3, qwen3 and deepseek_v3 debug models.
 
-Each checkpointed model trains 2 steps bitwise like the same model without AC (the default save, attention, and
-every matmul + attention),
-and ``sac2.forward_count()`` moves once per block per step (the region-only forward context counts itself). HF
-attention dropout stays bitwise whether the attention region is saved (its RNG skipped in recompute) or recomputed
+Each checkpointed model trains 2 steps bitwise like the same model without AC (the default save, every matmul +
+attention, and attention alone), and ``sac2.forward_count()`` moves once per block per step (the region-only
+forward context counts itself). HF attention dropout stays bitwise whether the attention region is saved (its RNG skipped in recompute) or recomputed
 (the checkpoint restores the RNG). torchtitan's models have no dropout.
 
 torchtitan's own AC config: ``FullAC``/``SelectiveAC`` cannot express regions. Their wrappers take a ``context_fn``
@@ -39,7 +38,7 @@ from sac2.model_regions import region_name_of  # noqa: E402
 from . import STEPS, assert_bitwise_equal, assert_close, hf_loss, titan_model, tokens, train  # noqa: E402
 
 HF_LAYERS = 2
-SAVES = {"default": None, "matmuls": ["attention", "linear", "experts"]}
+SAVES = {"default": None, "attention": ["attention"]}  # the default: attention, Linears and experts
 
 
 # --- transformers -----------------------------------------------------------------------------------------------
@@ -98,9 +97,9 @@ def test_hf_regions_train_bitwise_like_no_ac(family, save):
 
 
 @pytest.mark.parametrize("family", HF_FAMILIES)
-def test_hf_matmuls_save_makes_every_linear_and_the_experts_regions(family):
+def test_hf_default_save_makes_every_linear_and_the_experts_regions(family):
     model = hf_model(family)
-    sac2.apply_ac(model, "regions", save=SAVES["matmuls"])
+    sac2.apply_ac(model, "regions")
     block = model.model.layers[0]
     names = {region_name_of(m) for _, m in block.named_modules()} - {None}
     expected = {f"self_attn.{p}_proj" for p in "qkvo"}
@@ -166,8 +165,8 @@ def tt_reference(name: str):
 
 
 TT_SAVES = {
-    "default": None,
-    "matmuls": ["attention", "linear", "experts"],  # experts in experts (RoutedExperts/GroupedExperts): the inner
+    "default": None,  # attention, Linears and experts; experts in experts (RoutedExperts/GroupedExperts): the inner
+    "attention": ["attention"],
     "grouped_experts": ["attention", "linear", GroupedExperts],
 }
 _tt_cases = [
