@@ -3,8 +3,8 @@ Qwen3-MoE and Mixtral and on torchtitan 0.3.0's llama3, qwen3 and deepseek_v3 de
 
 Each checkpointed model trains 2 steps bitwise like the same model without AC (the default save, every matmul +
 attention, and attention alone), and ``sac2.forward_count()`` moves once per block per step (the region-only
-forward context counts itself). HF attention dropout stays bitwise whether the attention region is saved (its RNG skipped in recompute) or recomputed
-(the checkpoint restores the RNG). torchtitan's models have no dropout.
+forward context counts itself). HF attention dropout stays bitwise whether the attention region is saved (its
+RNG skipped in recompute) or recomputed (the checkpoint restores the RNG). torchtitan's models have no dropout.
 
 torchtitan's own AC config: ``FullAC``/``SelectiveAC`` cannot express regions. Their wrappers take a ``context_fn``
 built from an op policy (``SelectiveAC``'s is a function counting mm calls, so it always needs a dispatch mode), and
