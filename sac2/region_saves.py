@@ -27,8 +27,9 @@ __all__ = [
 
 Tensor = torch.Tensor
 #: Per tensor input of a region call (its tensor leaves in order, exact ``torch.Tensor``s and strided only):
-#: (tensor, storage id, version at the call's start, first element, last element, dense).
-InputLayout = tuple[Tensor, int | None, int, int, int, bool]
+#: (tensor, storage id or None when nothing is rebuilt from it, version at the call's start). Where it lies in its
+#: storage is read only when a body save shares that storage (``_extent``).
+InputLayout = tuple[Tensor, int | None, int]
 #: Where a tensor a saved region's body saved lives in the call's inputs: (input position, size, stride, offset
 #: from the input's first element, the input's size, the input's stride).
 Spec = tuple[int, tuple[int, ...], tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
@@ -57,19 +58,26 @@ def keeps_inputs(key: Region) -> bool:
 def plain_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
     """The tensor leaves of a call that recompute can rebuild body saves from: plain strided tensors (a wrapper
     subclass such as DTensor has no real storage to compare)."""
+    plain = not kwargs and all(type(a) is Tensor for a in args)  # a module's call on tensors: no tree to walk
     return [
-        t for t in _compat.tree_leaves((args, kwargs))
+        t for t in (args if plain else _compat.tree_leaves((args, kwargs)))
         if type(t) is Tensor and t.layout is torch.strided and not t.is_nested
     ]
 
 
 def _last(t: Tensor) -> int:
     """The storage offset of ``t``'s last element (non-negative strides)."""
-    return int(t.storage_offset()) + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if n > 0)
+    last = int(t.storage_offset())
+    for n, st in zip(t.shape, t.stride(), strict=True):
+        if n > 1:
+            last += (n - 1) * st
+    return last
 
 
 def _dense(t: Tensor) -> bool:
     """Whether ``t``'s elements fill the storage range from its first to its last element, each once."""
+    if t.is_contiguous():
+        return True
     expected = 1
     for n, st in sorted(((n, st) for n, st in zip(t.shape, t.stride(), strict=True) if n != 1), key=lambda d: d[1]):
         if st != expected:
@@ -80,14 +88,18 @@ def _dense(t: Tensor) -> bool:
 
 def input_layouts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[InputLayout]:
     """What ``rebuilds`` compares a saved tensor with, for each input of a region call, read when it starts."""
-    layouts = []
+    storage_id, version = _compat.storage_id, _compat.version
+    layouts: list[InputLayout] = []
     for t in plain_inputs(args, kwargs):
         if t.numel() and all(st >= 0 for st in t.stride()):
-            first = int(t.storage_offset())
-            layouts.append((t, _compat.storage_id(t), _compat.version(t), first, _last(t), _dense(t)))
+            layouts.append((t, storage_id(t), version(t)))
         else:
-            layouts.append((t, None, 0, 0, -1, False))  # nothing is rebuilt from it
+            layouts.append((t, None, 0))  # nothing is rebuilt from it
     return layouts
+
+
+def _spec(j: int, x: Tensor, offset: int, t: Tensor) -> Spec:
+    return j, tuple(x.shape), tuple(x.stride()), offset, tuple(t.shape), tuple(t.stride())
 
 
 def rebuilds(x: Tensor, layouts: list[InputLayout]) -> Spec | None:
@@ -99,20 +111,24 @@ def rebuilds(x: Tensor, layouts: list[InputLayout]) -> Spec | None:
     """
     if type(x) is not Tensor or x.layout is not torch.strided or x.is_nested or not x.numel():
         return None
+    version = _compat.version(x)
+    for j, (t, tsid, tversion) in enumerate(layouts):  # the input itself, the common case: no layout to read
+        if x is t and tsid is not None and version == tversion:
+            return _spec(j, x, 0, t)
     sid = _compat.storage_id(x)
-    stride = x.stride()
-    if any(st < 0 for st in stride):
+    if not any(tsid == sid for _, tsid, _ in layouts) or any(st < 0 for st in x.stride()):
         return None
     first = int(x.storage_offset())
-    for j, (t, tsid, version, lo, hi, dense) in enumerate(layouts):
-        if tsid is None or tsid != sid or x.dtype != t.dtype or _compat.version(x) != version:
+    for j, (t, tsid, tversion) in enumerate(layouts):
+        if tsid != sid or x.dtype != t.dtype or version != tversion:
             continue
-        if dense:
-            inside = lo <= first and _last(x) <= hi
+        lo = int(t.storage_offset())
+        if _dense(t):
+            inside = lo <= first and _last(x) <= _last(t)
         else:
-            inside = first == lo and x.shape == t.shape and stride == t.stride()
+            inside = first == lo and x.shape == t.shape and x.stride() == t.stride()
         if inside:
-            return j, tuple(x.shape), tuple(stride), first - lo, tuple(t.shape), tuple(t.stride())
+            return _spec(j, x, first - lo, t)
     return None
 
 
