@@ -18,7 +18,7 @@ from torch import nn
 import sac2
 from sac2.bench.memory import measure_step
 from sac2.model_regions import make_regions
-from tests.helpers import OpRuns
+from helpers import OpRuns
 
 aten = torch.ops.aten
 TOKENS, DIM, HIDDEN, EXPERTS, TOP = 256, 32, 64, 4, 2
