@@ -26,6 +26,8 @@ __all__ = [
     "COUNTED",
     "randn",
     "grads",
+    "STYLES",
+    "backward_in_style",
     "contexts",
     "Block",
     "OpRuns",
@@ -52,6 +54,31 @@ def randn(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32, grad: 
 def grads(out: torch.Tensor, inputs: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Gradients of ``out.sum()`` with respect to ``inputs``."""
     return torch.autograd.grad(out.sum(), tuple(inputs))
+
+
+#: The seam matrix's backward styles: once, twice with ``retain_graph``, double backward, ``backward(inputs=...)``.
+STYLES = ("once", "retain_graph", "double", "inputs")
+
+
+def backward_in_style(style: str, loss: torch.Tensor, leaves: list[torch.Tensor],
+                      inputs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """Backward of ``loss`` in ``style`` (one of ``STYLES``); the ``.grad`` of ``leaves`` after it (of ``inputs``,
+    the only ones it reaches, for ``"inputs"``; ``"double"`` backpropagates the sum of the squared gradients)."""
+    if style == "once":
+        loss.backward()
+    elif style == "retain_graph":
+        loss.backward(retain_graph=True)
+        loss.backward()
+    elif style == "inputs":
+        loss.backward(inputs=inputs)
+        return [t.grad for t in inputs]
+    elif style == "double":
+        firsts = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
+        squares = [g.square().sum() for g in firsts if g is not None]
+        sum(squares[1:], squares[0]).backward()  # a tensor's sum: no int 0 to start from
+    else:
+        raise ValueError(f"unknown backward style {style!r}")
+    return [t.grad for t in leaves]
 
 
 def contexts(policy: Any, *, factory: bool = False, **kwargs: Any) -> Callable[[], tuple[Any, Any]]:

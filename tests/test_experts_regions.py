@@ -18,7 +18,8 @@ from torch import nn
 import sac2
 from sac2.bench.memory import measure_step
 from sac2.model_regions import make_regions
-from helpers import OpRuns
+
+from helpers import STYLES, OpRuns, backward_in_style
 
 aten = torch.ops.aten
 TOKENS, DIM, HIDDEN, EXPERTS, TOP = 256, 32, 64, 4, 2
@@ -92,24 +93,11 @@ def test_saved_experts_keep_what_saving_their_matmuls_op_by_op_keeps():
     assert kept < ops_kept + TOKENS * TOP * DIM * 4
 
 
-@pytest.mark.parametrize("style", ["once", "retain_graph", "double", "inputs"])
+@pytest.mark.parametrize("style", STYLES)
 def test_saved_experts_train_bitwise_like_no_checkpointing(style):
-    def run(model: nn.Module) -> list[torch.Tensor]:
+    def run(model: nn.Module) -> list[torch.Tensor | None]:
         x = _x()
-        leaves = [x, *model.parameters()]
-        loss = model(x)
-        if style == "once":
-            loss.backward()
-        elif style == "retain_graph":
-            loss.backward(retain_graph=True)
-            loss.backward()
-        elif style == "inputs":
-            loss.backward(inputs=[x])
-            return [x.grad]
-        else:
-            grads = torch.autograd.grad(loss, leaves, create_graph=True)
-            sum(g.square().sum() for g in grads).backward()
-        return [t.grad for t in leaves]
+        return backward_in_style(style, model(x), [x, *model.parameters()], [x])
 
     model = MoE()
     sac2.apply_ac(model, "regions", save=["experts"], blocks=model.blocks)

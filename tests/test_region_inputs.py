@@ -18,6 +18,8 @@ from sac2 import region_saves
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
 
+from helpers import STYLES, backward_in_style
+
 aten = torch.ops.aten
 CFG = CONFIGS["tiny"]
 MATMULS = [aten.mm.default, aten.addmm.default]
@@ -97,25 +99,11 @@ class _Net(nn.Module):
         return sac2.checkpoint(self.body, x, use_reentrant=False, context_fn=context_fn, **options)
 
 
-def _backward(style: str, net: _Net, x: torch.Tensor, **options) -> list[torch.Tensor]:
-    leaves = [x, *net.parameters()]
+def _backward(style: str, net: _Net, x: torch.Tensor, **options) -> list[torch.Tensor | None]:
     out = net(x, **options).sum() if options.pop("checkpointed", True) else net(x, checkpointed=False).sum()
-    if style == "once":
-        out.backward()
-    elif style == "retain_graph":
-        out.backward(retain_graph=True)
-        out.backward()
-    elif style == "inputs":
-        out.backward(inputs=[x, net.a.weight])
-        return [x.grad, net.a.weight.grad]
-    elif style == "double":
-        grads = torch.autograd.grad(out, leaves, create_graph=True, allow_unused=True)
-        squares = [g.square().sum() for g in grads if g is not None]
-        sum(squares[1:], squares[0]).backward()  # a tensor's sum: no int 0 to start from
-    return [t.grad for t in leaves]
+    return backward_in_style(style, out, [x, *net.parameters()], [x, net.a.weight])
 
 
-STYLES = ["once", "retain_graph", "double", "inputs"]
 VIEWS = {"plain": lambda h: h, "slice": lambda h: h[:, 4:20], "transposed": lambda h: h.t().contiguous().t()}
 
 
