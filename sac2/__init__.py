@@ -60,4 +60,4 @@ __all__ = [
     "installed",
 ]
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
