@@ -44,7 +44,8 @@ class OpCall:
     ``index``: its call index among the calls with the same replay ``key``. ``storages`` index
     ``Profile.storage_bytes``: the activation storages that saving this call keeps; for a region, its outputs and
     what its body saved for backward, ``outputs`` the outputs' alone (what saving them op by op would keep, at
-    least). ``view``: a view op (never
+    least), ``rebuilt`` those of the body saves recompute rebuilds from its inputs, not kept (what
+    ``keep_inputs=True`` would keep). ``view``: a view op (never
     saved: re-running it is free). ``stale``: the forward would not keep it although asked to (a later op writes
     into its output, or it wrote where sac2 cannot see). ``decision``: the policy's answer, when profiled with one;
     ``saved``: whether the forward kept it.
@@ -60,6 +61,7 @@ class OpCall:
     decision: CheckpointPolicy | None = None
     saved: bool = False
     outputs: tuple[int, ...] = ()
+    rebuilt: tuple[int, ...] = ()
 
 
 @dataclass
@@ -149,6 +151,7 @@ class _Profiling(CachingMode):
         self.answers: dict[int, CheckpointPolicy] = {}
         self.costs: dict[int, float] = {}
         self.region_state: dict[int, list[Tensor]] = {}  # what each region's body saved for backward
+        self.region_rebuilt: dict[int, list[Tensor]] = {}  # of those, what recompute rebuilds from its inputs
         self.outside: set[int] = set()
         self.made: set[int] = set()
         self.counter = counter
@@ -180,7 +183,8 @@ class _Profiling(CachingMode):
         n, start = len(self.record.log), self.counter.total
         self._note_inputs(call.args, call.kwargs)
         state: list[Tensor] = []
-        self.region_state[n] = state
+        rebuilt: list[Tensor] = []
+        self.region_state[n], self.region_rebuilt[n] = state, rebuilt
         # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_saves``).
         key = call.key
         layouts = [] if region_saves.keeps_inputs(key) else region_saves.input_layouts(call.args, call.kwargs)
@@ -190,6 +194,8 @@ class _Profiling(CachingMode):
                 return t  # a parameter the body reads (or a view of one) is not an activation
             if not layouts or region_saves.rebuilds(t, layouts) is None:
                 state.append(t)
+            else:
+                rebuilt.append(t)
             return t
 
         body = call.body
@@ -242,8 +248,11 @@ def _read(
         keepable = kept is not None
         storages: list[int] = []
         outputs: list[int] = []
-        if kept is not None:
-            for t in (*kept.tensors, *mode.region_state.get(i, ())):
+        rebuilt: list[int] = []
+
+        def storages_of(tensors: Iterable[Tensor]) -> list[int]:
+            found: list[int] = []
+            for t in tensors:
                 k = _storage_key(t)
                 if k in outside:
                     continue
@@ -251,13 +260,18 @@ def _read(
                 if s is None:
                     s = storage_ids[k] = len(storage_bytes)
                     storage_bytes.append(t.untyped_storage().nbytes())
-                if s not in storages:
-                    storages.append(s)
-            outputs = [storage_ids[_storage_key(t)] for t in kept.tensors if _storage_key(t) not in outside]
+                if s not in found:
+                    found.append(s)
+            return found
+
+        if kept is not None:
+            storages = storages_of((*kept.tensors, *mode.region_state.get(i, ())))
+            outputs = storages_of(kept.tensors)
+            rebuilt = [s for s in storages_of(mode.region_rebuilt.get(i, ())) if s not in storages]
         asked = answer is not None and is_save(answer) and not view
         calls.append(OpCall(key, index, op_name(key), tuple(storages), mode.costs.get(i, 0.0), view,
                             asked and not keepable, answer if policy is not None else None, asked and keepable,
-                            tuple(dict.fromkeys(outputs))))
+                            tuple(outputs), tuple(rebuilt)))
     return Profile(calls, storage_bytes, unit, policy)
 
 

@@ -42,12 +42,14 @@ class Row:
 @dataclass
 class RegionRow:
     """One region of the report: what saving it keeps (its outputs and what its body saved for backward) next to
-    what its outputs alone hold (what saving the same computation op by op keeps at least)."""
+    what its outputs alone hold (what saving the same computation op by op keeps at least), and the bytes of its
+    own inputs its body saved, which recompute rebuilds instead of keeping (``keep_inputs=True`` keeps them)."""
 
     region: str
     calls: int
     kept_bytes: int
     output_bytes: int
+    rebuilt_bytes: int = 0
 
 
 @dataclass
@@ -91,9 +93,10 @@ class Report:
         lines = _table(head, [*body, total])
         if self.regions:
             lines.append("")
-            lines.extend(_table(("region", "calls", "kept if saved B (outputs + backward state)", "outputs B"),
-                                [(r.region, str(r.calls), str(r.kept_bytes), str(r.output_bytes))
-                                 for r in self.regions]))
+            lines.extend(_table(("region", "calls", "kept if saved B (outputs + backward state)", "outputs B",
+                                 "inputs rebuilt B"),
+                                [(r.region, str(r.calls), str(r.kept_bytes), str(r.output_bytes),
+                                  str(r.rebuilt_bytes)) for r in self.regions]))
         if self.predicted_bytes is not None and self.predicted_bytes != self.kept_bytes:
             lines.append(f"this forward keeps {self.kept_bytes} B; the budget predicted {self.predicted_bytes} B "
                          f"from the forward it profiled")
@@ -244,6 +247,7 @@ def _regions(prof: Profile) -> list[RegionRow]:
             row.calls += 1
             row.kept_bytes += sum(prof.storage_bytes[s] for s in c.storages)
             row.output_bytes += sum(prof.storage_bytes[s] for s in c.outputs)
+            row.rebuilt_bytes += sum(prof.storage_bytes[s] for s in c.rebuilt)
     return list(rows.values())
 
 

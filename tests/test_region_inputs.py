@@ -218,6 +218,20 @@ def test_explain_reports_the_bytes_a_saved_region_keeps_as_the_allocator_measure
     assert sum(r.kept_bytes for r in report.regions) == _kept(body, x, True, REGIONS) - _kept(body, x, True, [])
 
 
+@pytest.mark.parametrize("name", [n for n in CASES if n != "linear-chained"])  # its second input: the first's output
+def test_explain_reports_the_inputs_a_saved_region_rebuilds_as_keep_inputs_measures_them(name, request):
+    body, x, _ = _case(name, request)
+    report = sac2.explain(lambda x: body(x, True), (x,), REGIONS)
+    names = [r.name for r in REGIONS]
+    rebuilding = _kept(body, x, True, REGIONS)
+    try:
+        region_saves.keep_inputs(names, True)
+        keeping = _kept(body, x, True, REGIONS)
+    finally:
+        region_saves.keep_inputs(names, False)
+    assert sum(r.rebuilt_bytes for r in report.regions) == keeping - rebuilding > 0
+
+
 def test_explain_reports_a_linear_region_keeping_its_outputs_only():
     net = _Net()
     x = torch.randn(64, 16)
