@@ -137,7 +137,8 @@ def test_a_saved_linear_region_keeps_no_copy_of_its_input():
     assert memory.kept < 2 * 4096 * 16 * 4
 
 
-def test_an_input_written_in_place_after_the_region_is_autograds_error():
+@pytest.mark.parametrize("style", STYLES)
+def test_an_input_written_in_place_after_the_region_is_autograds_error(style):
     def run(checkpointed: bool) -> None:
         net = _Net()
         x = torch.randn(8, 16, requires_grad=True)
@@ -150,7 +151,7 @@ def test_an_input_written_in_place_after_the_region_is_autograds_error():
 
         context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("ri_a")])
         out = sac2.checkpoint(body, x, use_reentrant=False, context_fn=context_fn) if checkpointed else body(x)
-        out.backward()
+        backward_in_style(style, out, [x, *net.parameters()], [x, net.a.weight])
 
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         run(False)
