@@ -9,7 +9,10 @@ seq 64, batch 2). Each model, one copy per row, same weights:
   ``sac2.policies.llm()`` (every matmul and attention saved);
 - ``sac2 op list``: ``sac2.apply_ac(model, "selective")`` (the same ``llm()`` save list, sac2's modes);
 - ``sac2 regions attention``: ``sac2.apply_ac(model, "regions", save=["attention"])``;
-- ``sac2 regions matmuls``: ``sac2.apply_ac(model, "regions", save=["attention", "linear", "experts"])``;
+- ``sac2 regions matmuls``: ``sac2.apply_ac(model, "regions", save=["attention", "linear", "experts"])``
+  (the default); ``sac2 regions matmuls, inputs kept``: the same with ``keep_inputs=True`` (what the saved regions'
+  bodies save of their own inputs kept for real, as 0.3 did, instead of rebuilt in recompute; the setting belongs
+  to the region names, so each step of these rows sets it for its own row first);
 - ``torch_remat attention`` / ``torch_remat matmuls`` (torch 2.15 with ``torch-remat`` only): the same calls
   annotated by hand with ``remat.region(..., recompute=False)`` (plus ``remat.recompute_needs_tensor`` on their
   outputs), each block in ``remat.checkpoint``.
@@ -43,8 +46,10 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import sac2
+from sac2 import region_saves
 from sac2.bench.memory import measure_step
 from sac2.bench.output import pareto_front
+from sac2.model_regions import region_name_of
 
 MODELS = ("hf-llama", "hf-qwen3-moe", "tt-llama3")
 STOCK = "stock SAC"
@@ -226,24 +231,38 @@ def _remat_hf_attention(model: Any, saved: Callable[..., Any]) -> None:
     model.set_attn_implementation(name)
 
 
-def row_setups(hf: bool) -> dict[str, Callable[[nn.Module, nn.Module], object]]:
-    """Row name -> what it does to its copy of the model (given the copy and its block container)."""
-    setups: dict[str, Callable[[nn.Module, nn.Module], object]] = {
+#: What a row does to its copy of the model (given the copy and its block container); it may return what must run
+#: before each of the row's steps.
+Setup = Callable[[nn.Module, nn.Module], Callable[[], object] | None]
+
+
+def row_setups(hf: bool) -> dict[str, Setup]:
+    """Row name -> its ``Setup``."""
+    setups: dict[str, Setup] = {
         "none": lambda _m, _b: None,
-        "full AC": lambda m, b: sac2.apply_ac(m, "full", blocks=b),
+        "full AC": lambda m, b: _then_nothing(sac2.apply_ac(m, "full", blocks=b)),
         STOCK: lambda _m, b: _stock(b),
-        "sac2 op list": lambda m, b: sac2.apply_ac(m, "selective", blocks=b),
+        "sac2 op list": lambda m, b: _then_nothing(sac2.apply_ac(m, "selective", blocks=b)),
     }
     for label, save in SAVES.items():
         setups[f"sac2 regions {label}"] = functools.partial(_apply_regions, save=save)
+    setups["sac2 regions matmuls, inputs kept"] = functools.partial(_apply_regions, save=SAVES["matmuls"],
+                                                                   keep_inputs=True)
     if remat_available():
         for label, save in SAVES.items():
             setups[f"torch_remat {label}"] = functools.partial(_apply_remat, save=save, hf=hf)
     return setups
 
 
-def _apply_regions(model: nn.Module, blocks: nn.Module, save: list[str] | None) -> None:
+def _then_nothing(_done: object) -> None:
+    """A setup with nothing to run before each step."""
+
+
+def _apply_regions(model: nn.Module, blocks: nn.Module, save: list[str] | None,
+                   keep_inputs: bool = False) -> Callable[[], None]:
     sac2.apply_ac(model, "regions", save=save, blocks=blocks)
+    names = {region_name_of(m) for m in model.modules()} - {None} | {"attention"}
+    return functools.partial(region_saves.keep_inputs, names, keep_inputs)
 
 
 def _apply_remat(model: nn.Module, blocks: nn.Module, save: list[str] | None, hf: bool) -> None:
@@ -265,15 +284,16 @@ def bench_model(spec: Model, rounds: int) -> list[Row]:
     """Every row on ``spec``: memory and exactness from one step each, then ``rounds`` interleaved timed rounds."""
     base = spec.build()
     setups = row_setups(spec.hf)
-    copies = {}
+    copies, before = {}, {}
     for name, setup in setups.items():
         model = copy.deepcopy(base)
         model.train()
-        setup(model, spec.blocks(model))
+        before[name] = setup(model, spec.blocks(model)) or (lambda: None)
         copies[name] = model
     rows = {name: Row(name) for name in setups}
     losses = {}
     for name, model in copies.items():
+        before[name]()
         memory, losses[name] = measure_step(functools.partial(spec.loss, model), "cpu")
         rows[name].kept = memory.kept
     reference, ref_loss = _grads(copies["none"]), losses["none"]
@@ -283,12 +303,14 @@ def bench_model(spec: Model, rounds: int) -> list[Row]:
             _same(g, r) for g, r in zip(grads, reference, strict=True))
     names = list(setups)
     for name in names:  # warm up every path once more, untimed
+        before[name]()
         copies[name].zero_grad(set_to_none=True)
         spec.loss(copies[name]).backward()
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
             model = copies[name]
             model.zero_grad(set_to_none=True)
+            before[name]()
             start = time.thread_time()
             spec.loss(model).backward()
             rows[name].times.append(time.thread_time() - start)
@@ -303,9 +325,10 @@ def dominating(rows: list[Row]) -> list[str]:
 
 def format_rows(rows: list[Row]) -> str:
     base = rows[0].ms
-    lines = [f"  {'mode':<24} {'step ms':>8} {'vs none':>8} {'kept MiB':>9}  grads equal to none"]
+    width = max(24, *(len(r.name) for r in rows))
+    lines = [f"  {'mode':<{width}} {'step ms':>8} {'vs none':>8} {'kept MiB':>9}  grads equal to none"]
     for r in rows:
-        lines.append(f"  {r.name:<24} {r.ms:8.2f} {r.ms / base:7.2f}x {r.kept / 2**20:9.2f}  "
+        lines.append(f"  {r.name:<{width}} {r.ms:8.2f} {r.ms / base:7.2f}x {r.kept / 2**20:9.2f}  "
                      f"{'yes' if r.equal else 'NO'}")
     return "\n".join(lines)
 

@@ -17,7 +17,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("torchtitan")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "clients_regions.py"
-ROWS = ["none", "full AC", "stock SAC", "sac2 op list", "sac2 regions attention", "sac2 regions matmuls"]
+ROWS = ["none", "full AC", "stock SAC", "sac2 op list", "sac2 regions attention", "sac2 regions matmuls",
+        "sac2 regions matmuls, inputs kept"]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +61,12 @@ def test_json_holds_times_and_memory(smoke):
     for model in data["models"].values():
         for row in model["rows"]:
             assert len(row["times_s"]) == 1 and row["median_ms"] > 0 and row["kept_bytes"] > 0
+
+
+def test_the_inputs_kept_row_keeps_what_the_default_rebuilds(smoke):
+    for model in smoke[2]["models"].values():
+        kept = {r["name"]: r["kept_bytes"] for r in model["rows"]}
+        assert kept["sac2 regions matmuls, inputs kept"] > kept["sac2 regions matmuls"]
 
 
 def test_writes_the_plot(smoke):
