@@ -28,6 +28,7 @@ __all__ = [
     "grads",
     "STYLES",
     "backward_in_style",
+    "bitwise_equal",
     "contexts",
     "Block",
     "OpRuns",
@@ -79,6 +80,12 @@ def backward_in_style(style: str, loss: torch.Tensor, leaves: list[torch.Tensor]
     else:
         raise ValueError(f"unknown backward style {style!r}")
     return [t.grad for t in leaves]
+
+
+def bitwise_equal(got: list[torch.Tensor | None], reference: list[torch.Tensor | None]) -> bool:
+    """Whether two lists of gradients are the same bit for bit (None where the other is None)."""
+    return all((g is None and r is None) or (g is not None and r is not None and torch.equal(g, r))
+               for g, r in zip(got, reference, strict=True))
 
 
 def contexts(policy: Any, *, factory: bool = False, **kwargs: Any) -> Callable[[], tuple[Any, Any]]:

@@ -18,7 +18,7 @@ from sac2 import region_saves
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
 
-from helpers import STYLES, backward_in_style
+from helpers import STYLES, backward_in_style, bitwise_equal
 
 aten = torch.ops.aten
 CFG = CONFIGS["tiny"]
@@ -37,11 +37,6 @@ def _kept_and_grads(model: nn.Module, forward) -> tuple[int, list[torch.Tensor]]
     return memory.kept, [p.grad for p in model.parameters()]
 
 
-def _same(got: list[torch.Tensor | None], reference: list[torch.Tensor | None]) -> bool:
-    return all((g is None and r is None) or (g is not None and r is not None and torch.equal(g, r))
-               for g, r in zip(got, reference, strict=True))
-
-
 def _lm(model: nn.Module) -> torch.Tensor:
     return model(*random_tokens(CFG, torch.Generator().manual_seed(0), torch.device("cpu")))
 
@@ -57,7 +52,7 @@ def test_saved_regions_keep_what_saving_their_ops_keeps_and_train_bitwise(save):
     sac2.apply_ac(regions, "regions", save=save, blocks=regions.blocks)
     kept, grads = _kept_and_grads(regions, _lm)
     assert kept <= ops_kept + 1024
-    assert _same(grads, reference)
+    assert bitwise_equal(grads, reference)
 
 
 def test_keep_inputs_keeps_the_inputs_for_real_and_still_trains_bitwise():
@@ -72,7 +67,7 @@ def test_keep_inputs_keeps_the_inputs_for_real_and_still_trains_bitwise():
         region_saves.keep_inputs(["qkv", "proj", "gate_up", "down"], False)
     # Each block's four Linear inputs: the normed input (twice), attention's output, the MLP's hidden state.
     assert keeping_kept - rebuilt_kept >= CFG.n_layers * 2 * 32 * CFG.dim * 4
-    assert _same(grads, reference)
+    assert bitwise_equal(grads, reference)
 
 
 class _Net(nn.Module):
@@ -114,7 +109,7 @@ def test_a_region_rebuilding_its_input_gives_no_checkpointing_gradients(style, t
     x = torch.randn(8, 24, requires_grad=True) if view == "slice" else torch.randn(8, 16, requires_grad=True)
     reference = _backward(style, _Net(VIEWS[view], twice), x.detach().clone().requires_grad_(), checkpointed=False)
     got = _backward(style, _Net(VIEWS[view], twice), x.detach().clone().requires_grad_())
-    assert _same(got, reference)
+    assert bitwise_equal(got, reference)
 
 
 @pytest.mark.parametrize("how", ["torch_frame", "no_early_stop"])
@@ -126,7 +121,7 @@ def test_rebuilt_inputs_stay_in_step_on_torch_frame_and_without_early_stop(how):
             got = _backward("retain_graph", _Net(twice=True), x.clone().requires_grad_())
     else:
         got = _backward("retain_graph", _Net(twice=True), x.clone().requires_grad_(), early_stop=False)
-    assert _same(got, reference)
+    assert bitwise_equal(got, reference)
 
 
 def test_a_saved_linear_region_keeps_no_copy_of_its_input():
