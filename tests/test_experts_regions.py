@@ -19,7 +19,7 @@ import sac2
 from sac2.bench.memory import measure_step
 from sac2.model_regions import make_regions
 
-from helpers import STYLES, OpRuns, backward_in_style
+from helpers import STYLES, OpRuns, backward_in_style, bitwise_equal
 
 aten = torch.ops.aten
 TOKENS, DIM, HIDDEN, EXPERTS, TOP = 256, 32, 64, 4, 2
@@ -77,10 +77,6 @@ def _kept_and_grads(model: nn.Module) -> tuple[int, list[torch.Tensor]]:
     return memory.kept, [x.grad, *(p.grad for p in model.parameters())]
 
 
-def _same(got: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:
-    return all(torch.equal(g, r) for g, r in zip(got, reference, strict=True))
-
-
 def test_saved_experts_keep_what_saving_their_matmuls_op_by_op_keeps():
     by_ops = MoE()
     sac2.apply_ac(by_ops, "selective", policy=[aten.mm.default], blocks=by_ops.blocks)
@@ -101,7 +97,7 @@ def test_saved_experts_train_bitwise_like_no_checkpointing(style):
 
     model = MoE()
     sac2.apply_ac(model, "regions", save=["experts"], blocks=model.blocks)
-    assert _same(run(model), run(MoE()))
+    assert bitwise_equal(run(model), run(MoE()))
 
 
 def test_saved_experts_matmuls_do_not_run_again_in_recompute():
@@ -145,3 +141,4 @@ def test_an_experts_module_named_by_its_class_is_one_region_its_body_not_run_in_
     (matmul_runs, matmul_kept), (whole_runs, whole_kept) = runs_and_kept(["experts"]), runs_and_kept([ToyExperts])
     assert (matmul_runs, whole_runs) == (2 * 2, 2)  # two blocks: forward and recompute, or forward only
     assert whole_kept > matmul_kept + TOKENS * TOP * DIM * 4  # it keeps its gathered tokens and activations
+
