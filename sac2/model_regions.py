@@ -59,8 +59,13 @@ def _matmuls_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, *
     return matmuls_as_regions(key, forward, args, kwargs)
 
 
-module_class.register_kind("Region", _region_forward)
-module_class.register_kind("Matmuls", _matmuls_forward)
+#: The two kinds of module region (``module_class`` kinds): the module's call, or its matmul calls (experts).
+REGION, MATMULS = "Region", "Matmuls"
+module_class.register_kind(REGION, _region_forward)
+module_class.register_kind(MATMULS, _matmuls_forward)
+#: What ``make_regions`` chose inside the blocks, by "block fqn.relative name": (relative name, module, kind), or
+#: None for transformers' attention interface (a region already).
+Chosen = dict[str, tuple[str, nn.Module, str] | None]
 
 
 def region_name_of(module: nn.Module) -> str | None:
@@ -106,7 +111,7 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
     """Make the calls ``save`` names inside each block regions (in place); return the ``Region``s to save."""
     targets = _check_targets(save)
     modules = [t for t in targets if t != ATTENTION]
-    chosen, hit, by_matmuls = _matching_modules(blocks, modules)
+    chosen, hit = _matching_modules(blocks, modules)
     # A kind ("linear", "experts") may be absent (one config for dense and MoE models); a class or a glob is the
     # user's own and must match something, and so must the whole list.
     missed = [modules[i] for i in range(len(modules)) if i not in hit and (modules[i] not in (LINEAR, EXPERTS) or
@@ -116,18 +121,14 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
     if ATTENTION in targets:
         chosen.update(_attention(model, blocks))
     _refuse_nesting(chosen)
-    return [region_key(n) for n in sorted(_make_region_modules(chosen, by_matmuls))]
+    return [region_key(n) for n in sorted(_make_region_modules(chosen))]
 
 
-def _matching_modules(
-    blocks: Sequence[tuple[str, nn.Module]], modules: list[Target]
-) -> tuple[dict[str, tuple[str, nn.Module] | None], set[int], set[int]]:
-    """("block fqn.relative name" -> (relative name, module) for each module inside a block that one of
-    ``modules`` matches, the indices of ``modules`` that matched something, the ids of the modules ``"experts"``
-    matched: their matmul calls become the region calls)."""
-    chosen: dict[str, tuple[str, nn.Module] | None] = {}
+def _matching_modules(blocks: Sequence[tuple[str, nn.Module]], modules: list[Target]) -> tuple[Chosen, set[int]]:
+    """(each module inside a block that one of ``modules`` matches, with its kind: ``MATMULS`` where
+    ``"experts"`` matched it, else ``REGION``; the indices of ``modules`` that matched something)."""
+    chosen: Chosen = {}
     hit: set[int] = set()
-    by_matmuls: set[int] = set()
     for block_name, block in blocks:
         for name, module in block.named_modules():
             if not name:
@@ -137,41 +138,35 @@ def _matching_modules(
                 continue  # experts inside experts (torchtitan's RoutedExperts around GroupedExperts): the inner
             if matched:
                 hit.update(matched)
-                chosen[f"{block_name}.{name}"] = (name, module)
-                if any(modules[i] == EXPERTS for i in matched):
-                    by_matmuls.add(id(module))
-    return chosen, hit, by_matmuls
+                kind = MATMULS if any(modules[i] == EXPERTS for i in matched) else REGION
+                chosen[f"{block_name}.{name}"] = (name, module, kind)
+    return chosen, hit
 
 
-def _make_region_modules(chosen: dict[str, tuple[str, nn.Module] | None], by_matmuls: set[int]) -> set[str]:
-    """Make each chosen module a region, or its matmul calls for those in ``by_matmuls`` (in place; None is
-    transformers' attention interface, a region already); return the region names."""
+def _make_region_modules(chosen: Chosen) -> set[str]:
+    """Make each chosen module a region of its kind (in place); return the region names."""
     names = set()
     for found in chosen.values():
         if found is None:
             names.add(ATTENTION)  # the attention interface, made a region already
             continue
-        name, module = found
+        name, module, kind = found
         _refuse(module, name)
         vars(module)["_sac2_region"] = region_key(name)
-        kind, other = ("Matmuls", "Region") if id(module) in by_matmuls else ("Region", "Matmuls")
-        if module_class.is_kind(module, other):  # made the other kind of region before
-            module.__class__ = type(module).__mro__[1]
+        module_class.restore_class(module, MATMULS if kind == REGION else REGION)  # made the other kind before
         if not module_class.is_kind(module, kind):  # made a region before: renamed only
             module_class.swap_class(module, kind)
         names.add(name)
     return names
 
 
-def _attention(
-    model: nn.Module, blocks: Sequence[tuple[str, nn.Module]]
-) -> dict[str, tuple[str, nn.Module] | None]:
+def _attention(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]]) -> Chosen:
     """The attention calls as regions: a transformers model's attention interface, else the blocks' attention
     kernel modules (named ``attention``). Returns the modules to make regions (None for transformers)."""
     if _transformers_attention(model):
         return {"attention interface": None}
-    kernels: dict[str, tuple[str, nn.Module] | None] = {
-        f"{block_name}.{name}": (ATTENTION, module)
+    kernels: Chosen = {
+        f"{block_name}.{name}": (ATTENTION, module, REGION)
         for block_name, block in blocks
         for name, module in block.named_modules()
         if name and _is_attention_kernel(module)
@@ -213,7 +208,7 @@ def _transformers_attention(model: nn.Module) -> bool:
     return True
 
 
-def _refuse_nesting(chosen: dict[str, tuple[str, nn.Module] | None]) -> None:
+def _refuse_nesting(chosen: Chosen) -> None:
     names = sorted(chosen)
     for outer, inner in zip(names, names[1:], strict=False):
         if inner.startswith(outer + "."):

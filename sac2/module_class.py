@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-__all__ = ["register_kind", "swap_class", "is_kind"]
+__all__ = ["register_kind", "swap_class", "restore_class", "is_kind"]
 
 #: kind (the class-name prefix) -> the forward its subclasses get: ``forward(self, parent_forward, *args, **kwargs)``.
 _kinds: dict[str, Callable[..., Any]] = {}
@@ -55,6 +55,13 @@ def _new_instance(cls: type, kind: str) -> nn.Module:
 def swap_class(module: nn.Module, kind: str) -> None:
     """Make ``module`` an instance of the ``kind`` subclass of its class (still an instance of its class)."""
     module.__class__ = _subclass(type(module), kind)
+
+
+def restore_class(module: nn.Module, kind: str) -> None:
+    """Undo ``swap_class(module, kind)``: a ``kind`` subclass's instance becomes one of its class again (a no-op
+    for any other module)."""
+    if is_kind(module, kind):
+        module.__class__ = type(module).__mro__[1]
 
 
 def is_kind(module: nn.Module, kind: str) -> bool:

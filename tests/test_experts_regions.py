@@ -142,3 +142,14 @@ def test_an_experts_module_named_by_its_class_is_one_region_its_body_not_run_in_
     assert (matmul_runs, whole_runs) == (2 * 2, 2)  # two blocks: forward and recompute, or forward only
     assert whole_kept > matmul_kept + TOKENS * TOP * DIM * 4  # it keeps its gathered tokens and activations
 
+
+def test_making_the_experts_one_region_after_their_matmuls_leaves_one_kind():
+    block = MoEBlock()
+    make_regions(block, [("block", block)], ["experts"])
+    make_regions(block, [("block", block)], [ToyExperts])
+    runs = []
+    block.experts.register_forward_pre_hook(lambda *_: runs.append(1))
+    x = _x()
+    context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("experts")])
+    sac2.checkpoint(block, x, use_reentrant=False, context_fn=context_fn).square().mean().backward()
+    assert (type(block.experts).__name__, len(runs)) == ("RegionToyExperts", 1)  # not run again in recompute
