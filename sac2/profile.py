@@ -238,6 +238,22 @@ def _read(
     storage_bytes: list[int] = []
     counts: dict[keys.Key, int] = {}
     calls = []
+
+    def storages_of(tensors: Iterable[Tensor]) -> list[int]:
+        """The activation storages of ``tensors`` (not those from outside), numbered in first-seen order."""
+        found: list[int] = []
+        for t in tensors:
+            k = _storage_key(t)
+            if k in outside:
+                continue
+            s = storage_ids.get(k)
+            if s is None:
+                s = storage_ids[k] = len(storage_bytes)
+                storage_bytes.append(t.untyped_storage().nbytes())
+            if s not in found:
+                found.append(s)
+        return found
+
     for i, entry in enumerate(record.log):
         key = record.key_at(i)
         index = counts.get(key, 0)
@@ -249,21 +265,6 @@ def _read(
         storages: list[int] = []
         outputs: list[int] = []
         rebuilt: list[int] = []
-
-        def storages_of(tensors: Iterable[Tensor]) -> list[int]:
-            found: list[int] = []
-            for t in tensors:
-                k = _storage_key(t)
-                if k in outside:
-                    continue
-                s = storage_ids.get(k)
-                if s is None:
-                    s = storage_ids[k] = len(storage_bytes)
-                    storage_bytes.append(t.untyped_storage().nbytes())
-                if s not in found:
-                    found.append(s)
-            return found
-
         if kept is not None:
             storages = storages_of((*kept.tensors, *mode.region_state.get(i, ())))
             outputs = storages_of(kept.tensors)

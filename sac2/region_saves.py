@@ -28,7 +28,7 @@ __all__ = [
 Tensor = torch.Tensor
 #: Per tensor input of a region call (its tensor leaves in order, exact ``torch.Tensor``s and strided only):
 #: (tensor, storage id or None when nothing is rebuilt from it, version at the call's start). Where it lies in its
-#: storage is read only when a body save shares that storage (``_extent``).
+#: storage is read only when a body save shares that storage (``rebuilds``).
 InputLayout = tuple[Tensor, int | None, int]
 #: Where a tensor a saved region's body saved lives in the call's inputs: (input position, size, stride, offset
 #: from the input's first element, the input's size, the input's stride).
