@@ -2,9 +2,9 @@
 # CI step: the seam matrix (tests/seams) with SAC2_SEAMS=ci: every valid route x policy x backward cell in eager
 # and aot_eager (where sac2's modes run and tag what the partitioner sees), and a pairwise cover of what only
 # inductor, fullgraph and dynamic=True add. On torch 2.13 with the client frameworks, so the transformers and
-# torchtitan routes run too (build/clients-venv, made by .ci/clients.sh), then on torch 2.15 (build/torch215-venv,
-# made by .ci/torch215.sh), side by side, each under its own time limit. Run from a clean clone's root after those two steps;
-# exits non-zero when a venv is missing or either run fails. The default suite runs the pairwise slice.
+# torchtitan routes run too (build/clients-venv, made by .ci/clients.sh), and on torch 2.15 (build/torch215-venv,
+# made by .ci/torch215.sh), side by side, each under its own time limit. Run from a clean clone's root after those
+# two steps; exits non-zero when a venv is missing or either run fails. The default suite runs the pairwise slice.
 # SAC2_SEAMS=full (all 1,580 valid cells, about an hour per torch on 2 cores) runs alone: SEAMS_MODE=full.
 # Limits in seconds: SEAMS_LIMIT_213, SEAMS_LIMIT_215. Extra pytest arguments: $SEAMS_PYTEST_ARGS.
 set -euo pipefail
@@ -19,8 +19,8 @@ for venv in "$CLIENTS_VENV:.ci/clients.sh" "$TORCH215_VENV:.ci/torch215.sh"; do
     fi
 done
 
-run() {  # run NAME VENV LIMIT LOG: the selected cells on VENV's torch under LIMIT seconds, output to LOG
-    local name=$1 venv=$2 limit=$3 log=$4 start=$SECONDS status=0
+run() {  # run VENV LIMIT LOG: the selected cells on VENV's torch under LIMIT seconds, output to LOG
+    local venv=$1 limit=$2 log=$3 start=$SECONDS status=0
     # shellcheck disable=SC2086
     SAC2_SEAMS="${SEAMS_MODE:-ci}" OMP_NUM_THREADS=1 timeout "$limit" "$venv/bin/python" -m pytest -q \
         -p no:cacheprovider tests/seams ${SEAMS_PYTEST_ARGS:-} >"$log" 2>&1 || status=$?
@@ -30,8 +30,8 @@ run() {  # run NAME VENV LIMIT LOG: the selected cells on VENV's torch under LIM
 # The two torches run side by side, one intra-op thread each: a cell's time is mostly Python (tracing, compiling),
 # so two processes on two cores take about as long as the longer one alone.
 logs=$(mktemp -d)
-run "torch 2.13 + transformers + torchtitan" "$CLIENTS_VENV" "${SEAMS_LIMIT_213:-1500}" "$logs/213" &
-run "torch 2.15" "$TORCH215_VENV" "${SEAMS_LIMIT_215:-1500}" "$logs/215" &
+run "$CLIENTS_VENV" "${SEAMS_LIMIT_213:-1500}" "$logs/213" &
+run "$TORCH215_VENV" "${SEAMS_LIMIT_215:-1500}" "$logs/215" &
 wait
 failed=0
 for part in "213:torch 2.13 + transformers + torchtitan" "215:torch 2.15"; do
