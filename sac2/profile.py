@@ -187,12 +187,13 @@ class _Profiling(CachingMode):
         self.region_state[n], self.region_rebuilt[n] = state, rebuilt
         # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_saves``).
         key = call.key
-        layouts = [] if region_saves.keeps_inputs(key) else region_saves.input_layouts(call.args, call.kwargs)
+        inputs = [] if region_saves.keeps_inputs(key) else region_saves.plain_inputs(call.args, call.kwargs)
+        versions = _compat.versions(inputs)
 
         def note(t: Tensor) -> Tensor:
             if _compat.parameter_memory(t):
                 return t  # a parameter the body reads (or a view of one) is not an activation
-            if not layouts or region_saves.rebuilds(t, layouts) is None:
+            if not inputs or region_saves.rebuilds(t, inputs, versions) is None:
                 state.append(t)
             else:
                 rebuilt.append(t)

@@ -77,13 +77,11 @@ def replay_region(record: Record, i: int, call: RegionCall) -> Any:
     if rebuilt is None:
         with torch.no_grad(), _compat.no_modes():  # a region runs above autograd and the modes
             return record.serve(i, args, kwargs)
-    inputs = region_saves.plain_inputs(args, kwargs)
-    if not region_saves.replayable(rebuilt, inputs):
-        return region_saves.rerun(entry, call)
     with torch.no_grad(), _compat.no_modes():
         # First: the checkpoint may stop recomputing once the last one is back.
-        region_saves.pack_rebuilt(rebuilt, inputs)
-        return record.serve(i, args, kwargs)
+        if region_saves.pack_rebuilt(rebuilt, region_saves.plain_inputs(args, kwargs)):
+            return record.serve(i, args, kwargs)
+    return region_saves.rerun(entry, call)  # an input came back with another layout: run the body again
 
 
 _local = threading.local()

@@ -3,9 +3,13 @@
 A saved region keeps its backward state itself (it never runs in backward), but a tensor its body saves that is
 (a view of) one of the region's own inputs need not be kept: recompute replays the ops that made the input anyway.
 Such a save goes to the checkpoint's pack hook beneath as an ordinary position, and when recompute serves the
-region it is rebuilt from the replayed input (``as_strided``) and packed at the same place. Anything else (a
-parameter, a tensor the body made, negative strides, another dtype, partial overlap) is kept for real.
-``keep_inputs`` makes a region keep its inputs too (for inputs from a nondeterministic producer).
+region it is rebuilt from the replayed input (the input itself, or ``as_strided`` of it) and packed at the same
+place. Anything else (a parameter, a tensor the body made, another dtype, partial overlap, an alias that is no view
+of the input's base) is kept for real. ``keep_inputs`` makes a region keep its inputs too (for inputs from a
+nondeterministic producer).
+
+Every save of a saved region's body passes through here, so the common cases (the input itself, a contiguous
+reshape of it, a parameter) read as few tensor attributes as they can: each costs a Python-to-C call.
 """
 
 from __future__ import annotations
@@ -15,24 +19,20 @@ from typing import Any
 import torch
 
 from sac2 import _compat, messages
-from sac2.invariants import InternalError
 from sac2.keys import Region
 from sac2.region_call import RegionCall
 from sac2.saved import Saved
 
 __all__ = [
-    "keep_inputs", "keeps_inputs", "input_layouts", "rebuilds", "plain_inputs", "run_saved", "rerun",
-    "replayable", "pack_rebuilt", "Rebuilt",
+    "keep_inputs", "keeps_inputs", "plain_inputs", "rebuilds", "run_saved", "rerun", "pack_rebuilt",
+    "Rebuilt",
 ]
 
 Tensor = torch.Tensor
-#: Per tensor input of a region call (its tensor leaves in order, exact ``torch.Tensor``s and strided only):
-#: (tensor, storage id or None when nothing is rebuilt from it, version at the call's start). Where it lies in its
-#: storage is read only when a body save shares that storage (``rebuilds``).
-InputLayout = tuple[Tensor, int | None, int]
 #: Where a tensor a saved region's body saved lives in the call's inputs: (input position, size, stride, offset
-#: from the input's first element, the input's size, the input's stride).
-Spec = tuple[int, tuple[int, ...], tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
+#: from the input's first element; size and stride None for the input itself, the input's size, the input's
+#: stride).
+Spec = tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, int, tuple[int, ...], tuple[int, ...]]
 #: What a saved region's record holds about the body saves recompute rebuilds: (their numbers among the body's
 #: saves, where each lives).
 Rebuilt = tuple[frozenset[int], tuple[Spec, ...]]
@@ -58,20 +58,18 @@ def keeps_inputs(key: Region) -> bool:
 def plain_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
     """The tensor leaves of a call that recompute can rebuild body saves from: plain strided tensors (a wrapper
     subclass such as DTensor has no real storage to compare)."""
-    plain = not kwargs and all(type(a) is Tensor for a in args)  # a module's call on tensors: no tree to walk
     return [
-        t for t in (args if plain else _compat.tree_leaves((args, kwargs)))
+        t for t in _compat.call_leaves(args, kwargs)
         if type(t) is Tensor and t.layout is torch.strided and not t.is_nested
     ]
 
 
-def _last(t: Tensor) -> int:
-    """The storage offset of ``t``'s last element (non-negative strides)."""
-    last = int(t.storage_offset())
+def _extent(t: Tensor) -> int:
+    """How many elements from ``t``'s first to its last one in memory, less one (torch has no negative strides)."""
+    extent = 0
     for n, st in zip(t.shape, t.stride(), strict=True):
-        if n > 1:
-            last += (n - 1) * st
-    return last
+        extent += (n - 1) * st
+    return extent
 
 
 def _dense(t: Tensor) -> bool:
@@ -86,92 +84,73 @@ def _dense(t: Tensor) -> bool:
     return True
 
 
-def input_layouts(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[InputLayout]:
-    """What ``rebuilds`` compares a saved tensor with, for each input of a region call, read when it starts."""
-    storage_id, version = _compat.storage_id, _compat.version
-    layouts: list[InputLayout] = []
-    for t in plain_inputs(args, kwargs):
-        if t.numel() and all(st >= 0 for st in t.stride()):
-            layouts.append((t, storage_id(t), version(t)))
-        else:
-            layouts.append((t, None, 0))  # nothing is rebuilt from it
-    return layouts
+def rebuilds(x: Tensor, inputs: list[Tensor], versions: tuple[int, ...]) -> Spec | None:
+    """Where ``x``, a tensor a region's body saves, lives inside one of the region's ``inputs`` (``versions``: theirs
+    when the call started), so that recompute can rebuild it from the replayed input; None when it must be kept for
+    real.
 
-
-def _spec(j: int, x: Tensor, offset: int, t: Tensor) -> Spec:
-    return j, tuple(x.shape), tuple(x.stride()), offset, tuple(t.shape), tuple(t.stride())
-
-
-def rebuilds(x: Tensor, layouts: list[InputLayout]) -> Spec | None:
-    """Where ``x``, a tensor a region's body saves, lives inside one of the region's inputs, so that recompute
-    can rebuild it from the replayed input with ``as_strided``; None when it must be kept for real.
-
-    It must share the input's storage, dtype and (unchanged) version, have non-negative strides and lie inside the
-    input: anywhere between its first and last element for a dense input, with its exact layout otherwise.
+    It is an input itself, or a view of what an input views, of the same dtype and inside the input's memory:
+    anywhere between its first and last element for a dense input, with its exact layout otherwise; and the input
+    is unchanged since the call started (else recompute, which replays the input's producer, would not see the
+    write).
     """
-    if type(x) is not Tensor or x.layout is not torch.strided or x.is_nested or not x.numel():
-        return None
-    version = _compat.version(x)
-    for j, (t, tsid, tversion) in enumerate(layouts):  # the input itself, the common case: no layout to read
-        if x is t and tsid is not None and version == tversion:
-            return _spec(j, x, 0, t)
-    sid = _compat.storage_id(x)
-    if not any(tsid == sid for _, tsid, _ in layouts) or any(st < 0 for st in x.stride()):
-        return None
-    first = int(x.storage_offset())
-    for j, (t, tsid, tversion) in enumerate(layouts):
-        if tsid != sid or x.dtype != t.dtype or version != tversion:
-            continue
-        lo = int(t.storage_offset())
-        if _dense(t):
-            inside = lo <= first and _last(x) <= _last(t)
-        else:
-            inside = first == lo and x.shape == t.shape and x.stride() == t.stride()
-        if inside:
-            return _spec(j, x, first - lo, t)
+    for j, t in enumerate(inputs):  # the input itself, the common case: no layout to read
+        if x is t:
+            return (j, None, None, 0, t.shape, t.stride()) if _compat.version(x) == versions[j] else None
+    base = _compat.view_base(x)
+    if base is None:
+        return None  # a parameter, or a tensor the body made
+    for j, t in enumerate(inputs):
+        if (t is base or _compat.view_base(t) is base) and x.dtype == t.dtype and _compat.version(x) == versions[j]:
+            spec = _inside(x, t)
+            if spec is not None:
+                return (j, *spec, t.shape, t.stride())
     return None
 
 
-class _FromInput:
-    """What autograd keeps for a body save that recompute rebuilds: what the checkpoint's pack hook returned."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: object) -> None:
-        self.value = value
-
-
-class _Kept:
-    """A body save kept for real, with its version then: autograd checks no version through hooks, so the unpack
-    does (a saved region's tensors are the forward's own, and a later in-place write would reach backward)."""
-
-    __slots__ = ("tensor", "version", "number")
-
-    def __init__(self, tensor: Tensor, number: int) -> None:
-        self.tensor, self.version, self.number = tensor, _compat.version(tensor), number
-
-    def unpack(self) -> Tensor:
-        t = self.tensor
-        if _compat.version(t) != self.version:
-            tensor = f"[{t.type()} {list(t.shape)}]"
-            node = _compat.current_node_name()
-            raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(t), self.version, node,
-                                                              self.number))
-        return t
+def _inside(x: Tensor, t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """(size, stride, offset from ``t``'s first element) of ``x``, a view of what ``t`` views, where it lies inside
+    ``t``'s memory; None where it does not (partial overlap, another layout in a non-dense input)."""
+    n, m = x.numel(), t.numel()
+    if not n or not m:
+        return None
+    delta, item = x.data_ptr() - t.data_ptr(), x.element_size()
+    if delta < 0 or delta % item:
+        return None
+    offset = delta // item
+    if t.is_contiguous():  # a contiguous input (a Linear's, reshaped by its matmul): extents without layouts
+        inside = offset + (n - 1 if x.is_contiguous() else _extent(x)) <= m - 1
+    elif _dense(t):
+        inside = offset + _extent(x) <= _extent(t)
+    else:
+        inside = offset == 0 and x.shape == t.shape and x.stride() == t.stride()
+    return (tuple(x.shape), x.stride(), offset) if inside else None
 
 
-def _unpack_kept(p: object) -> Tensor:
-    if type(p) is not _Kept:
-        raise InternalError(messages.internal_error(messages.NOT_KEPT))
-    return p.unpack()
+#: A body save kept for real: (the tensor, its version then, its number among the body's saves). autograd checks
+#: no version through hooks, so the unpack does (a saved region's tensors are the forward's own, and a later
+#: in-place write would reach backward). A tuple, which no checkpoint's pack hook returns, so unpack tells them apart.
+Kept = tuple[Tensor, int, int]
+
+
+def _unpack_kept(p: Kept) -> Tensor:
+    t, version, number = p
+    if _compat.version(t) != version:
+        tensor = f"[{t.type()} {list(t.shape)}]"
+        node = _compat.current_node_name()
+        raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(t), version, node, number))
+    return t
 
 
 class _Saves:
     """The saved-tensor hooks a saved region's body runs under in forward: a save that is (a view of) an input goes
-    to the checkpoint's hooks beneath (a position, not the tensor), anything else is kept for real."""
+    to the checkpoint's hooks beneath (which keep a position, not the tensor), anything else is kept for real.
 
-    def __init__(self, layouts: list[InputLayout], beneath: _compat.HookPair) -> None:
-        self.layouts = layouts
+    What the checkpoint's pack hook returns is what autograd keeps: unpack tells it from a ``Kept`` by type.
+    """
+
+    def __init__(self, inputs: list[Tensor], beneath: _compat.HookPair) -> None:
+        self.inputs, self.versions = inputs, _compat.versions(inputs)
         self.beneath_pack, self.beneath_unpack = beneath
         self.count = 0
         self.numbers: list[int] = []
@@ -180,18 +159,18 @@ class _Saves:
     def pack(self, x: Tensor) -> object:
         n = self.count
         self.count = n + 1
-        spec = rebuilds(x, self.layouts)
+        spec = rebuilds(x, self.inputs, self.versions)
         if spec is None:
-            return _Kept(x, n)
+            return (x, _compat.version(x), n)
         self.numbers.append(n)
         self.specs.append(spec)
-        return _FromInput(self.beneath_pack(x))
+        return self.beneath_pack(x)
 
     def unpack(self, p: object) -> Tensor:
-        if type(p) is _FromInput:
-            t: Tensor = self.beneath_unpack(p.value)
-            return t
-        return _unpack_kept(p)
+        if type(p) is tuple:
+            return _unpack_kept(p)
+        t: Tensor = self.beneath_unpack(p)
+        return t
 
     def rebuilt(self) -> Rebuilt | None:
         return (frozenset(self.numbers), tuple(self.specs)) if self.numbers else None
@@ -209,13 +188,13 @@ class _Rerun:
     def pack(self, x: Tensor) -> object:
         n = self.count
         self.count = n + 1
-        return _FromInput(self.top_pack(x)) if n in self.numbers else _Kept(x, n)
+        return self.top_pack(x) if n in self.numbers else (x, _compat.version(x), n)
 
     def unpack(self, p: object) -> Tensor:
-        if type(p) is _FromInput:
-            t: Tensor = self.top_unpack(p.value)
-            return t
-        return _unpack_kept(p)
+        if type(p) is tuple:
+            return _unpack_kept(p)
+        t: Tensor = self.top_unpack(p)
+        return t
 
 
 def run_saved(call: RegionCall) -> tuple[Any, Rebuilt | None]:
@@ -224,11 +203,11 @@ def run_saved(call: RegionCall) -> tuple[Any, Rebuilt | None]:
     beneath = None if keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
     if beneath is None:
         return call.run_under(_compat.as_is, _compat.as_is), None
-    saves = _Saves(input_layouts(call.args, call.kwargs), beneath)
+    saves = _Saves(plain_inputs(call.args, call.kwargs), beneath)
     try:
         out = call.run_under(saves.pack, saves.unpack)
     finally:
-        saves.layouts = []  # autograd keeps the hooks in its graph: they must not keep the inputs
+        saves.inputs = []  # autograd keeps the hooks in its graph: they must not keep the inputs
     return out, saves.rebuilt()
 
 
@@ -243,21 +222,23 @@ def rerun(entry: Saved, call: RegionCall) -> Any:
     return call.run_under(hooks.pack, hooks.unpack)
 
 
-def replayable(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
-    """Whether each input a rebuilt save lives in came back in recompute with the layout it had in forward."""
-    for j, _, _, _, size, stride in rebuilt[1]:
-        if j >= len(inputs) or tuple(inputs[j].shape) != size or tuple(inputs[j].stride()) != stride:
-            return False
-    return True
-
-
-def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> None:
+def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
     """Serving a saved region in recompute: rebuild each save forward handed to the checkpoint from the replayed
-    inputs and hand it to the checkpoint's recompute hooks, in forward's order, at the region's place."""
+    ``inputs`` and hand it to the checkpoint's recompute hooks, in forward's order, at the region's place. False,
+    packing nothing, when an input it lives in came back with another layout than in forward (then the body runs
+    again: ``rerun``)."""
+    specs = rebuilt[1]
+    for j, _, _, _, size, stride in specs:
+        if j >= len(inputs) or inputs[j].shape != size or inputs[j].stride() != stride:
+            return False
     top = _compat.top_saved_tensors_hooks()
     if top is None:
-        return
+        return True
     pack = top[0]
-    for j, size, stride, offset, _, _ in rebuilt[1]:
+    for j, view_size, view_stride, offset, _, _ in specs:
         t = inputs[j]
-        pack(t.as_strided(size, stride, t.storage_offset() + offset))
+        if view_size is None or view_stride is None:
+            pack(t)  # the input itself
+        else:
+            pack(t.as_strided(view_size, view_stride, t.storage_offset() + offset))
+    return True

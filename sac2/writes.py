@@ -13,7 +13,6 @@ from typing import Any, Hashable, TypeAlias
 import torch
 
 from sac2 import _compat
-from sac2._compat import tree_leaves
 from sac2.keys import Region
 
 _version = _compat.version
@@ -92,9 +91,7 @@ def _tensor_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[P
 
 def tensor_versions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, int]]:
     """Every tensor argument of a HOP call with its version, to see afterwards which ones the HOP wrote."""
-    if not kwargs and all(type(a) is torch.Tensor or not isinstance(a, (list, tuple, dict)) for a in args):
-        return [(t, _version(t)) for t in args if isinstance(t, torch.Tensor)]  # no containers: no tree walk
-    return [(t, _version(t)) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    return [(t, _version(t)) for t in _compat.call_leaves(args, kwargs) if isinstance(t, torch.Tensor)]
 
 
 def writes_of(

@@ -7,6 +7,7 @@ recomputed with one warning naming it. In every case gradients are bit-for-bit t
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Callable
 
@@ -142,3 +143,35 @@ class WarningsTest(TestCase):
             "\n".join(warned),
             """sac2: the policy saves test_mutation_write_exp, which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""",  # noqa: E501
         )
+
+
+@dataclasses.dataclass
+class _Buffers:
+    """A registered pytree node holding the buffer a region writes into (a positional argument, not a container
+    sac2 indexes)."""
+
+    out: torch.Tensor
+
+
+torch.utils._pytree.register_dataclass(_Buffers)
+
+
+@sac2.region(name="test_mutation_fill")
+def _fill(x: torch.Tensor, buffers: _Buffers) -> torch.Tensor:
+    buffers.out.copy_(x.sin())  # a write sac2 can only see by walking the argument as a pytree
+    return x.cos()
+
+
+def _fill_then_use(x: torch.Tensor) -> torch.Tensor:
+    buffers = _Buffers(torch.full_like(x, 7.0))
+    return (_fill(x, buffers) * buffers.out * x).sum()  # the product saves the written buffer for backward
+
+
+def test_a_saved_region_writing_into_a_pytree_node_argument_gives_no_checkpointing_gradients():
+    x = randn(32)
+    (expected,) = grads(_fill_then_use(x), (x,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the write is one sac2 cannot write back: it runs the region again
+        out = sac2.checkpoint(_fill_then_use, x, context_fn=contexts([sac2.Region("test_mutation_fill")]))
+        (grad,) = grads(out, (x,))
+    assert torch.equal(grad, expected)

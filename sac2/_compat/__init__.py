@@ -29,6 +29,7 @@ from sac2._compat.autograd import (
     unpack_saved_tensor,
     user_saved_tensors_hooks,
     version_witness,
+    view_base,
 )
 from sac2._compat.dispatch import (
     TorchDispatchMode,
@@ -70,6 +71,7 @@ from sac2._compat.ops import (
     Op,
     OpOverload,
     OpOverloadPacket,
+    call_leaves,
     compiled_callable_key,
     compiled_regions_wrapped,
     default_generator,
@@ -140,6 +142,7 @@ __all__ = [
     "FakeTensor",
     "tree_map",
     "tree_leaves",
+    "call_leaves",
     "IGNORED_OPS",
     "INDUCTOR_COMPILED_CODE",
     "FLEX_ATTENTION",
@@ -177,6 +180,7 @@ __all__ = [
     "traced_checkpoint",
     "noop_context_fn",
     "parameter_memory",
+    "view_base",
     "backward_keeps_graph",
     "in_checkpoint_forward",
     "checkpoint_forward_hooks",

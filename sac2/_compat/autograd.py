@@ -16,8 +16,8 @@ __all__ = [
     "noop_context_fn", "backward_keeps_graph", "in_checkpoint_forward", "user_saved_tensors_hooks",
     "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
     "pop_checkpoint_hooks", "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed",
-    "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "parameter_memory", "HookPair",
-    "SavedTensor",
+    "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "view_base", "parameter_memory",
+    "HookPair", "SavedTensor",
 ]
 
 #: A (pack, unpack) pair of saved-tensor hooks: pack turns a tensor into anything, unpack turns that back.
@@ -50,7 +50,10 @@ def in_checkpoint_forward() -> bool:
 
     Removable: torch marks its checkpoint hooks publicly (2.14+ has ``_checkpoint_internal``, still private).
     """
-    hooks = _top_hooks()
+    return _is_checkpoint_forward(_top_hooks())
+
+
+def _is_checkpoint_forward(hooks: HookPair | None) -> bool:
     if hooks is None:
         return False
     if getattr(hooks[0], "_sac2_forward", False):
@@ -183,6 +186,7 @@ def current_node_name() -> str | None:
 
 _EMPTY: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # the witness keeps the dtype (its type())
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
+_len_dispatch_stack = torch._C._len_torch_dispatch_stack
 
 
 def as_is(t: torch.Tensor) -> torch.Tensor:
@@ -201,16 +205,20 @@ def version_witness(t: torch.Tensor) -> torch.Tensor | None:
 
     Removable: torch exposes a tensor's version counter as an object.
     """
-    if type(t) is not torch.Tensor or t.layout is not torch.strided or t.is_nested:
+    if type(t) is not torch.Tensor:
         return None
-    with _DisableTorchDispatch():  # nothing here is an op of the user's program: no mode is to see it
-        empty = _EMPTY.get((t.device, t.dtype))
-        if empty is None:
-            empty = _EMPTY[t.device, t.dtype] = torch.empty(0, device=t.device, dtype=t.dtype)
+    key = (t.device, t.dtype)
+    empty = _EMPTY.get(key)
+    if _len_dispatch_stack() or empty is None:  # one witness per saved tensor: the context only where a mode is
+        with _DisableTorchDispatch():  # nothing here is an op of the user's program: no mode is to see it
+            if empty is None:
+                empty = _EMPTY[key] = torch.empty(0, device=t.device, dtype=t.dtype)
+            w = t.detach()
+    else:
         w = t.detach()
     try:
         w.data = empty  # set_data: new storage and sizes, same version counter, no version bump
-    except RuntimeError:  # a tensor type set_data refuses to mix with a plain one (quantized, mkldnn, ...)
+    except RuntimeError:  # a tensor type set_data refuses to mix with a strided one (sparse, nested, mkldnn, ...)
         return None
     return w
 
@@ -241,7 +249,8 @@ def checkpoint_forward_hooks() -> HookPair | None:
 
     Removable: torch exposes the innermost saved-tensor hooks publicly (``_top_saved_tensors_default_hooks``).
     """
-    return _top_hooks() if in_checkpoint_forward() else None
+    hooks = _top_hooks()
+    return hooks if _is_checkpoint_forward(hooks) else None
 
 
 def top_saved_tensors_hooks() -> HookPair | None:
@@ -250,6 +259,14 @@ def top_saved_tensors_hooks() -> HookPair | None:
     Removable: torch exposes the innermost saved-tensor hooks publicly (``_top_saved_tensors_default_hooks``).
     """
     return _top_hooks()
+
+
+def view_base(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``t`` is a view of (the root of a chain of views), or None when ``t`` is no view.
+
+    Removable: never: ``Tensor._base`` is how torch names a view's base.
+    """
+    return t._base
 
 
 def parameter_memory(t: torch.Tensor) -> bool:

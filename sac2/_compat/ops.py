@@ -6,7 +6,7 @@ Each shim names, in a ``Removable:`` line, the torch change that would let it go
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, TypeAlias, Union
+from typing import Any, Callable, Iterable, Sequence, TypeAlias, Union
 
 import torch
 import torch.utils.checkpoint as _tuc
@@ -17,7 +17,7 @@ from sac2 import messages
 
 __all__ = [
     "OpOverload", "OpOverloadPacket", "HigherOrderOperator", "Op", "FakeTensor", "tree_map", "tree_leaves",
-    "IGNORED_OPS",
+    "call_leaves", "IGNORED_OPS",
     "INDUCTOR_COMPILED_CODE", "FLEX_ATTENTION", "TRITON_MUTATION", "compiled_regions_wrapped",
     "compiled_callable_key", "triton_written_args", "direct_call", "schema", "has_ordered_effect", "storage_id",
     "has_internal_overlap", "op_packet", "flop_formula", "default_generator", "partitioner_compute_intensive_ops",
@@ -38,6 +38,21 @@ Op: TypeAlias = Union[OpOverload, HigherOrderOperator]
 #: pytree helpers. Removable: ``torch.utils.pytree`` is the public spelling on every supported torch.
 tree_map = _pytree.tree_map
 tree_leaves = _pytree.tree_leaves
+
+
+def call_leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sequence[Any]:
+    """``tree_leaves((args, kwargs))``, without the walk when no argument is a pytree node (a module's or an
+    attention function's call on tensors and scalars, once per region call): the arguments themselves.
+
+    Removable: ``torch.utils.pytree`` is the public spelling on every supported torch.
+    """
+    values = (*args, *kwargs.values()) if kwargs else args
+    for v in values:
+        cls = type(v)
+        if cls is not torch.Tensor and (cls in _pytree.SUPPORTED_NODES or issubclass(cls, tuple)):  # namedtuples
+            return _pytree.tree_leaves((args, kwargs))
+    return values
+
 
 #: Ops that forward and recompute legitimately run a different number of times (detach, metadata queries
 #: issued by the determinism check); torch's own SAC skips exactly these. Removable: never (torch's public list,
