@@ -219,7 +219,7 @@ class Frame:
         n = len(holders)
         finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
         # sac2's modes ignore detach (the recompute hook's own): skip their Python dispatch for plain tensors
-        detach = _compat.detach_below_sac2 if finish_op is not None else _detach
+        detach = _compat.detach_below_sac2 if finish_op is not None else Tensor.detach
 
         def pack(x: Tensor) -> Tensor:
             i = count[0]
@@ -306,10 +306,6 @@ def _replace_state(g: torch.Generator, state: Tensor) -> Tensor:
     now = g.get_state()
     g.set_state(state)
     return now
-
-
-def _detach(x: Tensor) -> Tensor:
-    return x.detach()
 
 
 def _meta(meta: Meta) -> dict[str, object]:

@@ -17,7 +17,7 @@ from sac2.keys import Region
 __all__ = ["RegionCall"]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times a plain one's
 class RegionCall:
     """``key``: the region (what a policy or save list matches). ``body``: the function, run as
     ``body(*args, **kwargs)`` (``sac2.regions`` wraps it in ``compiled_region()``)."""

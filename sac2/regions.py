@@ -26,8 +26,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _body(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """A region's body runs in ``compiled_region()``: compiled code in it runs at full speed. A saved region's
-    body runs under saved-tensor hooks of ``sac2.region_saves``, which take precedence over the checkpoint's."""
+    """A region's body runs in ``compiled_region()``: compiled code in it runs at full speed (with no dispatch mode
+    on the stack, a dispatch-free context's, there is nothing to take off). A saved region's body runs under
+    saved-tensor hooks of ``sac2.region_saves``, which take precedence over the checkpoint's."""
+    if not _compat.mode_stack_len():
+        return fn(*args, **kwargs)
     with compiled_region():
         return fn(*args, **kwargs)
 

@@ -154,6 +154,11 @@ class Saved:
         again: HELD to RERUN), and which outputs required grad."""
         if written is None:
             self._move(_RERUN, _HELD)
+        if not written and type(out) is Tensor:  # the common call (a Linear's): one output, nothing written
+            self.keep_output(out)
+            self.requires_grad = (out.requires_grad,)
+            self.versions = (_compat.version(out),)
+            return
         self.keep(out, written or [])
         ids = {id(t) for _, t in written or []}
         leaves = (out,) if type(out) is Tensor else _compat.tree_leaves(out)
@@ -259,7 +264,12 @@ class Saved:
         """Fresh aliases of the saved outputs (autograd attaches history to what a mode returns), the replayed
         arguments in place of ``_ArgRef``s, and, for regions, the outputs' requires_grad as in forward."""
         out = self.out
-        result = _detach(out) if type(out) is Tensor else _served(out, args, kwargs)
+        if type(out) is Tensor:
+            result = _detach(out)
+            if self.requires_grad is not None:
+                result.requires_grad_(self.requires_grad[0])
+            return result
+        result = _served(out, args, kwargs)
         if self.requires_grad is not None:
             fresh = [t for o, t in zip(_stored_leaves(out), _compat.tree_leaves(result), strict=True)
                      if isinstance(o, Tensor)]

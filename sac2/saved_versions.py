@@ -19,8 +19,8 @@ from sac2 import _compat, messages
 __all__ = ["SavedVersions", "Entry", "Witnessed", "entry", "hooks_keep"]
 
 Tensor = torch.Tensor
-#: A tensor's witness (``_compat.version_witness``, else a weak reference to the tensor), its version when saved,
-#: and, with a witness (which has no shape of its own), its shape.
+#: A tensor's witness (``_compat.version_witness``, or the parameter it is or views; else a weak reference to the
+#: tensor), its version when saved, and, with a witness (whose shape may not be the tensor's), its shape.
 Witnessed = tuple[Tensor | weakref.ref[Tensor], int, torch.Size | None]
 #: A position's ``Witnessed``; None for a checkpoint input (autograd checks it).
 Entry = Witnessed | None
@@ -55,8 +55,8 @@ class SavedVersions:
         saved = self.entries[i] if self.entries is not None else None
         if saved is None:
             return
-        packed_version = saved[1]
-        x = _tensor(saved)
+        packed_version, w = saved[1], saved[0]
+        x = w if isinstance(w, Tensor) else w()  # ``_tensor``, inlined: once per tensor a backward unpacks
         if x is None or _compat.version(x) == packed_version:
             return
         tensor = _described(x, saved)
@@ -127,7 +127,15 @@ def hooks_keep(hooks: _compat.HookPair, device: torch.device, probed: dict[torch
 
 def entry(x: Tensor) -> Witnessed:
     """``x``'s witness (or a weak reference where it has none), its version now, and its shape with a witness (which
-    has no shape of its own: the error messages name it)."""
+    has no shape of its own: the error messages name it).
+
+    A parameter (or a view of one, as a Linear saves its weight) is its own witness: it shares the counter, and
+    autograd's graph keeps it alive anyway (its gradient accumulator holds it), so it costs no witness to make.
+    """
+    base = _compat.view_base(x)
+    root = x if base is None else base
+    if root.is_leaf and root.requires_grad:
+        return root, _compat.version(x), x.shape
     w = _compat.version_witness(x)
     return (weakref.ref(x), _compat.version(x), None) if w is None else (w, _compat.version(x), x.shape)
 

@@ -82,6 +82,18 @@ def test_a_saved_tensor_written_in_place_after_the_forward_raises_autograds_erro
         out.sum().backward()
 
 
+@pytest.mark.parametrize("route", ["none", *_ROUTES])
+def test_a_parameter_written_in_place_after_the_forward_raises_autograds_error(route):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.Tanh())  # the Linear saves (a view of) its weight for the input's grad
+    x = torch.randn(4, 8, requires_grad=True)
+    out = m(x) if route == "none" else _ROUTES[route](m, x)
+    with torch.no_grad():
+        m[0].weight.add_(1.0)  # an optimizer step before backward
+    with pytest.raises(RuntimeError, match=_AUTOGRAD_INPLACE + r": \[torch.FloatTensor \[8, 8\]\]"):
+        out.sum().backward()
+
+
 def test_a_write_before_the_tensor_is_saved_is_no_error():
     def f(x: torch.Tensor) -> torch.Tensor:
         n = x * 2.0
