@@ -85,11 +85,11 @@ def test_a_saved_tensor_written_in_place_after_the_forward_raises_autograds_erro
 @pytest.mark.parametrize("route", ["none", *_ROUTES])
 def test_a_parameter_written_in_place_after_the_forward_raises_autograds_error(route):
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 8), nn.Tanh())  # the Linear saves (a view of) its weight for the input's grad
-    x = torch.randn(4, 8, requires_grad=True)
+    lin = nn.Linear(8, 8)  # saves (a view of) its weight for the input's gradient
+    m, x = nn.Sequential(lin, nn.Tanh()), torch.randn(4, 8, requires_grad=True)
     out = m(x) if route == "none" else _ROUTES[route](m, x)
     with torch.no_grad():
-        m[0].weight.add_(1.0)  # an optimizer step before backward
+        lin.weight.add_(1.0)  # an optimizer step before backward
     with pytest.raises(RuntimeError, match=_AUTOGRAD_INPLACE + r": \[torch.FloatTensor \[8, 8\]\]"):
         out.sum().backward()
 
