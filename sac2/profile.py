@@ -191,7 +191,7 @@ class _Profiling(CachingMode):
         versions = _compat.versions(inputs)
 
         def note(t: Tensor) -> Tensor:
-            if _compat.parameter_memory(t):
+            if _compat.parameter_of(t) is not None:
                 return t  # a parameter the body reads (or a view of one) is not an activation
             if not inputs or region_saves.rebuilds(t, inputs, versions) is None:
                 state.append(t)

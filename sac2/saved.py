@@ -157,7 +157,7 @@ class Saved:
         if not written and type(out) is Tensor:  # the common call (a Linear's): one output, nothing written
             self.keep_output(out)
             self.requires_grad = (out.requires_grad,)
-            self.versions = (_compat.version(out),)
+            self.record_versions()
             return
         self.keep(out, written or [])
         ids = {id(t) for _, t in written or []}

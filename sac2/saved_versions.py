@@ -55,8 +55,8 @@ class SavedVersions:
         saved = self.entries[i] if self.entries is not None else None
         if saved is None:
             return
-        packed_version, w = saved[1], saved[0]
-        x = w if isinstance(w, Tensor) else w()  # ``_tensor``, inlined: once per tensor a backward unpacks
+        packed_version = saved[1]
+        x = _tensor(saved)
         if x is None or _compat.version(x) == packed_version:
             return
         tensor = _described(x, saved)
@@ -132,10 +132,9 @@ def entry(x: Tensor) -> Witnessed:
     A parameter (or a view of one, as a Linear saves its weight) is its own witness: it shares the counter, and
     autograd's graph keeps it alive anyway (its gradient accumulator holds it), so it costs no witness to make.
     """
-    base = _compat.view_base(x)
-    root = x if base is None else base
-    if root.is_leaf and root.requires_grad:
-        return root, _compat.version(x), x.shape
+    param = _compat.parameter_of(x)
+    if param is not None:
+        return param, _compat.version(x), x.shape
     w = _compat.version_witness(x)
     return (weakref.ref(x), _compat.version(x), None) if w is None else (w, _compat.version(x), x.shape)
 

@@ -12,11 +12,13 @@ from typing import Any, Callable, TypeAlias
 import torch
 import torch.utils.checkpoint as _tuc
 
+from sac2._compat.dispatch import mode_stack_len
+
 __all__ = [
     "noop_context_fn", "backward_keeps_graph", "in_checkpoint_forward", "user_saved_tensors_hooks",
     "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
     "pop_checkpoint_hooks", "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed",
-    "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "view_base", "parameter_memory",
+    "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "view_base", "parameter_of",
     "HookPair", "SavedTensor",
 ]
 
@@ -186,7 +188,6 @@ def current_node_name() -> str | None:
 
 _EMPTY: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # the witness keeps the dtype (its type())
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
-_len_dispatch_stack = torch._C._len_torch_dispatch_stack
 
 
 def as_is(t: torch.Tensor) -> torch.Tensor:
@@ -209,7 +210,7 @@ def version_witness(t: torch.Tensor) -> torch.Tensor | None:
         return None
     key = (t.device, t.dtype)
     empty = _EMPTY.get(key)
-    if _len_dispatch_stack() or empty is None:  # one witness per saved tensor: the context only where a mode is
+    if mode_stack_len() or empty is None:  # one witness per saved tensor: the context only where a mode is
         with _DisableTorchDispatch():  # nothing here is an op of the user's program: no mode is to see it
             if empty is None:
                 empty = _EMPTY[key] = torch.empty(0, device=t.device, dtype=t.dtype)
@@ -269,10 +270,10 @@ def view_base(t: torch.Tensor) -> torch.Tensor | None:
     return t._base
 
 
-def parameter_memory(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a leaf that requires grad (a parameter) or a view of one: memory from before a forward.
+def parameter_of(t: torch.Tensor) -> torch.Tensor | None:
+    """The leaf that requires grad (a parameter) ``t`` is or views, else None: memory from before a forward.
 
     Removable: never: ``Tensor._base`` is how torch names a view's base.
     """
-    base = t._base if t._base is not None else t
-    return base.is_leaf and base.requires_grad
+    root = t if t._base is None else t._base
+    return root if root.is_leaf and root.requires_grad else None
