@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from sac2.draws import plain_call
 from sac2.keys import Region
 from sac2.regions import call_region, in_region_context
 
@@ -46,7 +47,8 @@ class MatmulCalls(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if func in MATMULS:
-            return call_region(self.key, func, args, kwargs)  # torch has this mode off while it handles a call
+            # torch has this mode off while it handles a call: a plain call is the matmul alone, which draws nothing
+            return call_region(self.key, func, args, kwargs, plain_call(args, kwargs))
         return func(*args, **kwargs)
 
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Sequence
 from torch import nn
 
 from sac2 import messages, module_class
+from sac2.draws import plain_call
 from sac2.keys import Region
 from sac2.matmul_calls import matmuls_as_regions
 from sac2.module_names import names_module
@@ -51,7 +52,22 @@ Target = str | type
 
 def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     key: Region = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
-    return call_region(key, forward, args, kwargs)
+    return call_region(key, forward, args, kwargs, _plain_linear(self, forward, args, kwargs))
+
+
+def _plain_linear(module: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> bool:
+    """Whether ``forward`` is ``nn.Linear``'s own on plain tensors, which draws no random numbers: its weight and
+    bias plain parameters of the module (a parametrization computes them instead, and may draw: DropConnect)."""
+    if getattr(forward, "__func__", None) is not _LINEAR_FORWARD:
+        return False
+    params = vars(module)["_parameters"]
+    if "weight" not in params or "bias" not in params:
+        return False
+    return plain_call((*args, params["weight"], params["bias"]), kwargs)
+
+
+_LINEAR_FORWARD = nn.Linear.forward
 
 
 def _matmuls_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

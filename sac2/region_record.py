@@ -43,15 +43,18 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool) -
         record.log.append(key)
         return out
     before = writes.tensor_versions(args, kwargs)
-    with _compat.no_modes():
-        rng = rng_before(True, args, kwargs)
+    rng = None
+    if not call.drawless:  # a matmul or Linear on plain tensors draws nothing: no generator state to read
+        with _compat.no_modes():
+            rng = rng_before(True, args, kwargs)
     out, rebuilt = region_saves.run_saved(call)
     entry = Saved(key)
     entry.rebuilt = rebuilt
     written = writes.writes_of(key, args, kwargs, out, before)
     entry.keep_region(out, written)
-    with _compat.no_modes():
-        entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
+    if rng is not None:
+        with _compat.no_modes():
+            entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
     if written is None:
         warn_once("unseen-writes", key, messages.unseen_writes(op_name(key)))
     record.add_region(entry, offload)

@@ -51,18 +51,21 @@ def in_region_context() -> bool:
     return bool(_compat.mode_stack_len() and sac2_modes_on_top())
 
 
-def call_region(key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def call_region(
+    key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], drawless: bool = False
+) -> Any:
     """``fn(*args, **kwargs)`` as a region call: one op for the policy inside sac2 SAC, traced inside an annotation
-    under torch.compile, a plain call elsewhere."""
+    under torch.compile, a plain call elsewhere. ``drawless``: the caller knows ``fn`` draws no random numbers
+    here (``sac2.draws.plain_call``)."""
     if torch.compiler.is_compiling():
         with _compat.annotate_region(key.name):  # traced through: the policy decides its ops as one region
             return fn(*args, **kwargs)
     modes = sac2_modes_on_top() if _compat.mode_stack_len() else ()
     if modes:
-        return modes[-1].region(RegionCall(key, functools.partial(_body, fn), args, kwargs))
+        return modes[-1].region(RegionCall(key, functools.partial(_body, fn), args, kwargs, drawless))
     context = region_record.active()
     if context is not None:
-        return context.region(RegionCall(key, functools.partial(_body, fn), args, kwargs))
+        return context.region(RegionCall(key, functools.partial(_body, fn), args, kwargs, drawless))
     return fn(*args, **kwargs)
 
 

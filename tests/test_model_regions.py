@@ -128,3 +128,42 @@ class TestErrors:
     def test_a_save_entry_of_the_wrong_kind_is_a_type_error(self):
         with pytest.raises(TypeError, match="neither a module class nor a string"):
             sac2.apply_ac(_model(), "regions", save=[3])  # type: ignore[list-item]  # on purpose
+
+
+class _Blocks(nn.Module):
+    def __init__(self, *blocks: nn.Module) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class _DropConnect(nn.Module):
+    """A weight parametrization that draws: each forward drops half the weight's entries."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return w * torch.bernoulli(torch.full_like(w, 0.5))
+
+
+@pytest.mark.parametrize("draws_in_weight", [False, True], ids=["plain linear", "dropconnect linear"])
+def test_a_saved_linear_region_keeps_the_random_stream_of_the_ops_after_it(draws_in_weight):
+    def net() -> nn.Module:
+        torch.manual_seed(0)
+        linear = nn.Linear(8, 8)
+        if draws_in_weight:
+            nn.utils.parametrize.register_parametrization(linear, "weight", _DropConnect())
+        return _Blocks(nn.Sequential(linear, nn.Dropout(0.5), nn.Tanh()))
+
+    def grads(model: nn.Module) -> list[torch.Tensor]:
+        torch.manual_seed(1)
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    reference = grads(net())
+    model = net()
+    sac2.apply_ac(model, "regions", save=["linear"], blocks=model.blocks)
+    got = grads(model)
+    assert all(torch.equal(g, r) for g, r in zip(got, reference, strict=True))

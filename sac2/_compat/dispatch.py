@@ -20,7 +20,8 @@ from torch.utils import _python_dispatch as _pd
 
 __all__ = [
     "TorchDispatchMode", "detach_keeping_version", "detach_below_sac2", "tracing_for_compile", "tag_traced_nodes",
-    "annotate_region", "traced_region", "mode_stack_len", "dispatch_mode_stack", "no_modes", "pop_mode", "push_mode",
+    "annotate_region", "traced_region", "mode_stack_len", "function_mode_stack_len", "dispatch_mode_stack",
+    "no_modes", "pop_mode", "push_mode",
     "mode_classes", "set_dispatch_flags", "dispatch_flags", "skip_dynamo_in_mode", "skip_dynamo_in_code",
     "traced_checkpoint",
 ]
@@ -134,6 +135,14 @@ def mode_stack_len() -> int:
     return _len_stack()
 
 
+def function_mode_stack_len() -> int:
+    """Depth of this thread's torch-function-mode stack (``TorchFunctionMode``s, ``with torch.device(...)``).
+
+    Removable: the torch-function-mode stack gets a public API.
+    """
+    return _len_function_stack()
+
+
 def dispatch_mode_stack() -> list[TorchDispatchMode]:
     """This thread's dispatch-mode stack, innermost (the mode that dispatches first) last.
 
@@ -144,6 +153,7 @@ def dispatch_mode_stack() -> list[TorchDispatchMode]:
 
 _NO_CONTEXT = contextlib.nullcontext()
 _len_stack = torch._C._len_torch_dispatch_stack
+_len_function_stack = torch._C._len_torch_function_stack
 
 
 def no_modes() -> ContextManager[object]:
