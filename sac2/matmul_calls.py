@@ -48,7 +48,8 @@ class MatmulCalls(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in MATMULS:
             # torch has this mode off while it handles a call: a plain call is the matmul alone, which draws nothing
-            return call_region(self.key, func, args, kwargs, plain_call(args, kwargs))
+            drawless = not torch.compiler.is_compiling() and plain_call(args, kwargs)
+            return call_region(self.key, func, args, kwargs, drawless)
         return func(*args, **kwargs)
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
+import torch
 from torch import nn
 
 from sac2 import messages, module_class
@@ -52,7 +53,8 @@ Target = str | type
 
 def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     key: Region = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
-    return call_region(key, forward, args, kwargs, _plain_linear(self, forward, args, kwargs))
+    drawless = not torch.compiler.is_compiling() and _plain_linear(self, forward, args, kwargs)
+    return call_region(key, forward, args, kwargs, drawless)
 
 
 def _plain_linear(module: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
