@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from sac2 import _compat
 from sac2.keys import Region
 
 __all__ = ["RegionCall"]
@@ -36,5 +37,8 @@ class RegionCall:
     def run_under(self, pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> Any:
         """Run the body with what it saves for backward going to ``pack``/``unpack`` (a saved region keeps its
         backward state itself)."""
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            return self.run()
+        _compat.push_saved_tensors_hooks(pack, unpack)
+        try:
+            return self.body(*self.args, **self.kwargs)
+        finally:
+            _compat.pop_saved_tensors_hooks()

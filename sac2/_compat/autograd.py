@@ -19,7 +19,7 @@ __all__ = [
     "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
     "pop_checkpoint_hooks", "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed",
     "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "view_base", "parameter_of",
-    "HookPair", "SavedTensor",
+    "push_saved_tensors_hooks", "pop_saved_tensors_hooks", "HookPair", "SavedTensor",
 ]
 
 #: A (pack, unpack) pair of saved-tensor hooks: pack turns a tensor into anything, unpack turns that back.
@@ -170,6 +170,20 @@ def push_checkpoint_hooks(
     pack._sac2_forward = forward  # type: ignore[attr-defined]
     pack._user_hooks = user_saved_tensors_hooks()  # type: ignore[attr-defined]
     _push_hooks(pack, unpack)
+
+
+def push_saved_tensors_hooks(pack: Callable[[torch.Tensor], Any], unpack: Callable[[Any], torch.Tensor]) -> None:
+    """Push a saved-tensor hook pair, as entering ``torch.autograd.graph.saved_tensors_hooks`` does, without the
+    context manager's three Python calls (a saved region's body runs under its own pair on every call).
+
+    Removable: saved-tensor hooks can be pushed and popped without a context manager publicly.
+    """
+    _push_hooks(pack, unpack)
+
+
+def pop_saved_tensors_hooks() -> None:
+    """Pop the innermost saved-tensor hook pair (``push_saved_tensors_hooks``)."""
+    _pop_hooks()
 
 
 def pop_checkpoint_hooks(pack: Callable[[torch.Tensor], Any]) -> None:
