@@ -7,6 +7,8 @@ Each shim names, in a ``Removable:`` line, the torch change that would let it go
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any, Callable, TypeAlias
 
 import torch
@@ -107,17 +109,13 @@ def _checkpoint_internal(hooks: HookPair) -> bool:
     return bool(internal) or getattr(hooks[1], "__module__", None) == _tuc.__name__
 
 
-def _top_hooks() -> HookPair | None:
-    """The innermost saved-tensor hook pair, None when none is pushed (torch's stubs leave out the None)."""
-    top: HookPair | None = _top_default_hooks(False)
-    return top
-
-
 SavedTensor = torch._C._autograd.SavedTensor
 _make_saved_tensor = torch._C._autograd._make_saved_tensor
 _push_hooks = torch._C._autograd._push_saved_tensors_default_hooks
 _pop_hooks = torch._C._autograd._pop_saved_tensors_default_hooks
 _top_default_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+#: The innermost saved-tensor hook pair, None when none is pushed (torch's stubs leave out the None).
+_top_hooks: Callable[[], HookPair | None] = functools.partial(_top_default_hooks, False)
 # Present on torch 2.13-2.15, missing from their stubs.
 _hooks_enabled: Callable[[], bool] = torch._C._autograd._saved_tensors_hooks_is_enabled  # type: ignore[attr-defined]
 _graph_task_id = torch._C._current_graph_task_id
@@ -268,20 +266,14 @@ def checkpoint_forward_hooks() -> HookPair | None:
     return hooks if _is_checkpoint_forward(hooks) else None
 
 
-def top_saved_tensors_hooks() -> HookPair | None:
-    """The innermost saved-tensor hook pair, or None: in a checkpoint's recompute, its recompute hooks.
-
-    Removable: torch exposes the innermost saved-tensor hooks publicly (``_top_saved_tensors_default_hooks``).
-    """
-    return _top_hooks()
+#: ``top_saved_tensors_hooks()``: the innermost saved-tensor hook pair, or None; in a checkpoint's recompute, its
+#: recompute hooks. torch's own call, bound (no Python frame). Removable: torch exposes the innermost hooks publicly.
+top_saved_tensors_hooks: Callable[[], HookPair | None] = _top_hooks
 
 
-def view_base(t: torch.Tensor) -> torch.Tensor | None:
-    """The tensor ``t`` is a view of (the root of a chain of views), or None when ``t`` is no view.
-
-    Removable: never: ``Tensor._base`` is how torch names a view's base.
-    """
-    return t._base
+#: ``view_base(t)``: the tensor ``t`` is a view of (the root of a chain of views), or None when ``t`` is no view.
+#: An attribute getter: no Python frame on the per-save path. Removable: never (``Tensor._base`` is torch's name).
+view_base: Callable[[torch.Tensor], torch.Tensor | None] = operator.attrgetter("_base")
 
 
 def parameter_of(t: torch.Tensor) -> torch.Tensor | None:

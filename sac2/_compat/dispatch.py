@@ -127,20 +127,14 @@ def traced_region() -> str | None:
     return custom.get(_REGION) if custom else None
 
 
-def mode_stack_len() -> int:
-    """Depth of this thread's Python dispatch-mode stack.
-
-    Removable: the dispatch-mode stack gets a public API.
-    """
-    return _len_stack()
+#: ``mode_stack_len()``: the depth of this thread's Python dispatch-mode stack (torch's own function: every region
+#: call and saved tensor asks, and a Python wrapper would add a frame). Removable: the stack gets a public API.
+mode_stack_len: Callable[[], int] = torch._C._len_torch_dispatch_stack
 
 
-def function_mode_stack_len() -> int:
-    """Depth of this thread's torch-function-mode stack (``TorchFunctionMode``s, ``with torch.device(...)``).
-
-    Removable: the torch-function-mode stack gets a public API.
-    """
-    return _len_function_stack()
+#: ``function_mode_stack_len()``: the depth of this thread's torch-function-mode stack (``TorchFunctionMode``s,
+#: ``with torch.device(...)``), torch's own function. Removable: the stack gets a public API.
+function_mode_stack_len: Callable[[], int] = torch._C._len_torch_function_stack
 
 
 def dispatch_mode_stack() -> list[TorchDispatchMode]:
@@ -153,7 +147,6 @@ def dispatch_mode_stack() -> list[TorchDispatchMode]:
 
 _NO_CONTEXT = contextlib.nullcontext()
 _len_stack = torch._C._len_torch_dispatch_stack
-_len_function_stack = torch._C._len_torch_function_stack
 
 
 def no_modes() -> ContextManager[object]:

@@ -5,6 +5,7 @@ Each shim names, in a ``Removable:`` line, the torch change that would let it go
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any, Callable, Iterable, Sequence, TypeAlias, Union
 
@@ -68,12 +69,10 @@ SDPA_FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 SDPA_FLASH = torch.ops.aten._scaled_dot_product_flash_attention
 
 
-def version(t: torch.Tensor) -> int:
-    """``t``'s version counter: how many in-place writes its storage has seen through any alias sharing it.
-
-    Removable: tensors expose their version counter publicly.
-    """
-    return t._version
+#: ``version(t)``: ``t``'s version counter, how many in-place writes its storage has seen through any alias sharing
+#: it. An attribute getter, not a function: every saved tensor reads it, and a getter runs no Python frame.
+#: Removable: tensors expose their version counter publicly.
+version: Callable[[torch.Tensor], int] = operator.attrgetter("_version")
 
 
 def versions(tensors: Iterable[torch.Tensor]) -> tuple[int, ...]:
