@@ -143,6 +143,11 @@ class Record:
             self.served.append(entry)
             return out
         self.log[i] = entry.key  # a later recompute would run the op again
+        if entry.state is State.ON_HOST:
+            # Forgotten here too: what is handed over becomes an output of the recompute, whose graph backward never
+            # runs; kept in this list it would hold that graph, whose saved-tensor hooks hold this record's frame,
+            # a cycle through autograd that the garbage collector cannot see (host and device copies leaked).
+            self.offloaded.remove(entry)
         return entry.hand_over(args, kwargs)
 
     def end_recompute(self) -> None:

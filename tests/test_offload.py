@@ -1,9 +1,12 @@
 """CPU_OFFLOAD policies: on CPU tensors they save (nothing to offload to); CUDA is in benchmarks/gpu_offload.py."""
 
+import weakref
+
 import torch
 from expecttest import TestCase
 
 import sac2
+from sac2._compat import tree_map
 from sac2.answers import CheckpointPolicy
 from sac2.bench.memory import Memory, measure_step
 
@@ -63,3 +66,58 @@ class TestCpuOffloadOnCpu(TestCase):
         recomputed = _step_memory(CheckpointPolicy.PREFER_RECOMPUTE)
         self.assertEqual(offloaded, saved)  # kept and peak: no host copy was made or kept
         self.assertEqual(offloaded.kept - recomputed.kept, 1024 * 4)
+
+
+class _HostLink:
+    """A stand-in for the CUDA host link, so the offload lifecycle runs on CPU: ``sac2.offload``'s four functions
+    replaced by plain copies; every "host" copy is watched through a weak reference."""
+
+    def __init__(self, monkeypatch) -> None:
+        from sac2 import offload
+
+        self.copies: list[weakref.ref] = []
+
+        def host(x):
+            if not isinstance(x, torch.Tensor):
+                return x
+            copy = x.detach().clone()
+            self.copies.append(weakref.ref(copy))
+            return offload._Host(copy)
+
+        def to_host(out, written, device):
+            return offload.Offloaded(tree_map(host, out), tuple((p, host(t)) for p, t in written), device)
+
+        def to_device(off):
+            def back(x):
+                return x.tensor.clone() if type(x) is offload._Host else x
+
+            off.event = object()
+            written = tuple((p, back(t)) for p, t in off.host_writes)
+            return tree_map(back, off.host_out, is_leaf=offload._is_host), written
+
+        monkeypatch.setattr(offload, "cuda_device", lambda _tensors: torch.device("cpu"))
+        monkeypatch.setattr(offload, "to_host", to_host)
+        monkeypatch.setattr(offload, "to_device", to_device)
+        monkeypatch.setattr(offload, "wait", lambda _off, _out, _written: None)
+
+    def alive(self) -> int:
+        return sum(ref() is not None for ref in self.copies)
+
+
+def test_what_offload_moved_to_the_host_is_freed_once_backward_has_used_it(monkeypatch):
+    link = _HostLink(monkeypatch)
+    x = randn(8)
+    before = counted_runs()
+    h = x
+    for _ in range(3):  # three checkpoints in a chain, each offloading counted's output
+        h = sac2.checkpoint(_f, h, context_fn=contexts(_offload_counted(CheckpointPolicy.MUST_CPU_OFFLOAD)))
+    copies = link.alive()
+    (grad,) = torch.autograd.grad(h.sum(), x)
+    del h
+    want = x
+    for _ in range(3):
+        want = _f(want)
+    (want_grad,) = torch.autograd.grad(want.sum(), x)
+    assert (copies, counted_runs() - before) == (3, 3 + 3)  # one host copy each; counted ran in forward only
+    assert torch.equal(grad, want_grad)
+    assert link.alive() == 0  # held past backward, a copy kept its recompute's graph and the frame alive for good
