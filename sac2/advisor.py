@@ -26,6 +26,7 @@ from sac2 import messages
 from sac2._compat import tree_map
 from sac2.advice import Advice, recommend
 from sac2.apply import apply_ac
+from sac2.bench.determinism import deterministic_kernels
 from sac2.bench.job import Progress, Result, grads_equal, turns
 from sac2.bench.memory import measure_step
 from sac2.policies import llm
@@ -206,8 +207,10 @@ def advise(
 
     ``model`` itself is left untouched: each setup trains a deep copy, with no optimizer step, on the same inputs.
     One untimed step measures the memory each setup keeps for backward, then ``steps`` timed steps run the setups
-    interleaved. Only setups whose gradients equal no checkpointing's bitwise are recommended. A setup that does
-    not apply (e.g. a regions choice matching nothing: ``ValueError``) is skipped with the reason.
+    interleaved. Only setups whose gradients equal no checkpointing's bitwise are recommended; on CUDA every setup
+    runs under ``torch.use_deterministic_algorithms(True)`` (``sac2.bench.determinism``), without which attention's
+    backward differs from run to run. A setup that does not apply (e.g. a regions choice matching nothing:
+    ``ValueError``) is skipped with the reason.
 
     Args:
         model: the model to measure (not changed).
@@ -254,24 +257,25 @@ def advise(
     results = [Result(c.name, c.code) for c in setups]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     bar = Progress((steps + 1) * len(setups)) if progress else None
-    for step in range(steps + 1):
-        losses: list[torch.Tensor] = [torch.empty(0)] * len(setups)
-        for i in turns(step, len(setups)):
-            models[i].zero_grad(set_to_none=True)
-            forward = functools.partial(lambda m: lossf(_call(m, inputs)), models[i])
-            if step == 0:
-                memory, losses[i] = measure_step(forward, dev)
-                results[i].kept_bytes, results[i].peak_bytes = memory.kept, memory.peak
-            else:
-                sync()
-                start = time.perf_counter()
-                losses[i] = forward()
-                losses[i].backward()
-                sync()
-                results[i].step_s.append(time.perf_counter() - start)
-            if bar is not None:
-                bar.step()
-        for i in range(1, len(setups)):
-            results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=True)
+    with deterministic_kernels(dev):  # on CUDA, so that the bitwise check can hold at all
+        for step in range(steps + 1):
+            losses: list[torch.Tensor] = [torch.empty(0)] * len(setups)
+            for i in turns(step, len(setups)):
+                models[i].zero_grad(set_to_none=True)
+                forward = functools.partial(lambda m: lossf(_call(m, inputs)), models[i])
+                if step == 0:
+                    memory, losses[i] = measure_step(forward, dev)
+                    results[i].kept_bytes, results[i].peak_bytes = memory.kept, memory.peak
+                else:
+                    sync()
+                    start = time.perf_counter()
+                    losses[i] = forward()
+                    losses[i].backward()
+                    sync()
+                    results[i].step_s.append(time.perf_counter() - start)
+                if bar is not None:
+                    bar.step()
+            for i in range(1, len(setups)):
+                results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=True)
     target = _target_bytes(memory_target, results[0].kept_bytes)
     return recommend(results, [c.reference for c in setups], skipped, target, str(dev), steps)

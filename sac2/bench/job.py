@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from sac2.bench.checkpoint_modes import Row, remat_available, rows
+from sac2.bench.determinism import deterministic_kernels
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
 
@@ -131,11 +132,14 @@ def _own_frame(
 
 def _notes(dev: torch.device) -> list[str]:
     """Notes on what this run cannot compare on this machine."""
-    notes: list[str] = []
-    if dev.type != "cuda":
+    notes: list[str] = [
+        "torch's own estimator-based greedy policy (torch.distributed._tools.sac_estimator) is not a row: "
+        "in torch 2.13 its runtime estimates need CUDA, and the bench has no CUDA-only rows"
+    ]
+    if dev.type == "cuda":
         notes.append(
-            "torch's own estimator-based greedy policy (torch.distributed._tools.sac_estimator) is not compared: "
-            "in torch 2.13 its runtime estimates need CUDA"
+            "cuda: every row ran under torch.use_deterministic_algorithms(True) (sac2.bench.determinism), "
+            "without which attention's backward differs from run to run and no row could be bitwise equal"
         )
     if not remat_available():
         notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
@@ -163,33 +167,34 @@ def run(
     check = "allclose" if compile else "bitwise"
     results = [Result(row.name, row.policy, check=check) for row in modes]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
-        tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
-        for forward, model in zip(forwards, models, strict=True):
-            forward(tokens, targets).backward()
-            model.zero_grad(set_to_none=True)
-    progress = Progress((steps + 1) * len(modes))
-    for step in range(steps + 1):
-        tokens, targets = random_tokens(cfg, gen, dev)
-        losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)
-        for i in turns(step, len(modes)):
-            forward = functools.partial(forwards[i], tokens, targets)
-            optims[i].zero_grad(set_to_none=True)
+    with deterministic_kernels(dev):  # on CUDA, so that the bitwise check can hold at all
+        if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
+            tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
+            for forward, model in zip(forwards, models, strict=True):
+                forward(tokens, targets).backward()
+                model.zero_grad(set_to_none=True)
+        progress = Progress((steps + 1) * len(modes))
+        for step in range(steps + 1):
+            tokens, targets = random_tokens(cfg, gen, dev)
+            losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)
+            for i in turns(step, len(modes)):
+                forward = functools.partial(forwards[i], tokens, targets)
+                optims[i].zero_grad(set_to_none=True)
+                if step == 0:
+                    memory, losses[i] = measure_step(forward, dev)
+                    results[i].kept_bytes, results[i].peak_bytes = memory.kept, memory.peak
+                else:
+                    sync()
+                    start = time.perf_counter()
+                    losses[i] = forward()
+                    losses[i].backward()
+                    optims[i].step()
+                    sync()
+                    results[i].step_s.append(time.perf_counter() - start)
+                progress.step()
+            for i in range(1, len(modes)):
+                results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
             if step == 0:
-                memory, losses[i] = measure_step(forward, dev)
-                results[i].kept_bytes, results[i].peak_bytes = memory.kept, memory.peak
-            else:
-                sync()
-                start = time.perf_counter()
-                losses[i] = forward()
-                losses[i].backward()
-                optims[i].step()
-                sync()
-                results[i].step_s.append(time.perf_counter() - start)
-            progress.step()
-        for i in range(1, len(modes)):
-            results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
-        if step == 0:
-            for opt in optims:
-                opt.step()
+                for opt in optims:
+                    opt.step()
     return results, notes
