@@ -4,8 +4,13 @@ Usage: ``python benchmarks/gpu_offload.py [--json FILE]`` on a CUDA machine (abo
 llama-style stack is checkpointed per block with three policies over the same ops (matmuls and attention kept, the rest
 recomputed): MUST_SAVE keeps them on the GPU, MUST_CPU_OFFLOAD moves them to pinned host memory, and full
 recompute keeps nothing. For each: GPU memory still allocated after forward (what forward keeps for backward,
-outputs included), peak of the step, and median step time. Gradients of the offload run are checked bit for
-bit against the save run.
+outputs included), peak of the step, median step time (and forward's share), and the device memory each step
+leaves allocated (0 unless something leaks). Gradients of the offload run are checked bit for bit against the save
+run, under ``sac2.bench.determinism.deterministic_kernels`` (without it attention's backward differs from run to
+run; its NaN-filling of ``torch.empty`` is off, see ``main``). Beside them, the machine's own floor for the same
+bytes: one pinned device-to-host and one host-to-device copy of everything offload moves, and what allocating that
+much pinned memory costs; then the top entries of torch's profiler over one offload step, to show where its time
+goes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +28,7 @@ from torch import nn
 
 import sac2
 from sac2.answers import CheckpointPolicy
+from sac2.bench.determinism import deterministic_kernels
 
 aten = torch.ops.aten
 KEEP = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,
@@ -53,36 +60,72 @@ def _policy(keep: CheckpointPolicy | None):
     return policy
 
 
-def _step(blocks: nn.ModuleList, x: torch.Tensor, policy) -> tuple[int, torch.Tensor]:
+def _step(blocks: nn.ModuleList, x: torch.Tensor, policy) -> tuple[int, float]:
+    """One step; what forward keeps for backward, and forward's share of the step's seconds."""
     torch.cuda.synchronize()
-    start = torch.cuda.memory_allocated()
+    start, t0 = torch.cuda.memory_allocated(), time.perf_counter()
     h = x
     for block in blocks:
         h = sac2.checkpoint(block, h, context_fn=lambda: sac2.create_selective_checkpoint_contexts(policy))
     loss = h.float().square().mean()
     torch.cuda.synchronize()  # offload copies finish on the side stream before the memory reading below
-    kept = torch.cuda.memory_allocated() - start
+    kept, forward_s = torch.cuda.memory_allocated() - start, time.perf_counter() - t0
     loss.backward()
-    return kept, loss
+    return kept, forward_s
 
 
 def run(name: str, blocks: nn.ModuleList, x: torch.Tensor, policy) -> tuple[dict, list[torch.Tensor]]:
-    times = []
+    times, forwards, bases = [], [], []
     for i in range(WARMUP + STEPS):
         blocks.zero_grad(set_to_none=True)
         x.grad = None
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
+        bases.append(base)
         t0 = time.perf_counter()
-        kept, _ = _step(blocks, x, policy)
+        kept, forward_s = _step(blocks, x, policy)
         torch.cuda.synchronize()
         if i >= WARMUP:
             times.append(time.perf_counter() - t0)
+            forwards.append(forward_s)
     peak = torch.cuda.max_memory_allocated() - base
     grads = [x.grad.clone(), *(p.grad.clone() for p in blocks.parameters())]
     return {"policy": name, "kept_MiB": kept / 2**20, "peak_MiB": peak / 2**20,
-            "step_ms": 1e3 * statistics.median(times)}, grads
+            "step_ms": 1e3 * statistics.median(times), "forward_ms": 1e3 * statistics.median(forwards),
+            "left_per_step_MiB": (bases[-1] - bases[WARMUP]) / (STEPS - 1) / 2**20}, grads
+
+
+def copy_floor(nbytes: int) -> dict:
+    """The host link's floor for moving ``nbytes`` each way (one pinned buffer, one copy each way, after a warm-up
+    copy), and the time to allocate that much fresh pinned memory (``cudaHostAlloc`` behind torch's pinned
+    allocator)."""
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    alloc_s = time.perf_counter() - t0
+    host.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    host.copy_(device, non_blocking=True)
+    torch.cuda.synchronize()
+    d2h_s = time.perf_counter() - t0
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    h2d_s = time.perf_counter() - t0 - d2h_s
+    return {"MiB": nbytes / 2**20, "pinned_alloc_ms": 1e3 * alloc_s, "d2h_ms": 1e3 * d2h_s, "h2d_ms": 1e3 * h2d_s,
+            "d2h_GBps": nbytes / d2h_s / 1e9, "h2d_GBps": nbytes / h2d_s / 1e9}
+
+
+def profile_step(blocks: nn.ModuleList, x: torch.Tensor, policy) -> str:
+    """torch's profiler over one step: the entries that took the most CPU time of their own."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _step(blocks, x, policy)
+        torch.cuda.synchronize()
+    return str(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=48))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,20 +139,37 @@ def main(argv: list[str] | None = None) -> int:
     blocks = nn.ModuleList(Block() for _ in range(LAYERS)).cuda().to(torch.bfloat16)
     x = torch.randn(BATCH, SEQ, DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     rows, grads = [], {}
-    for name, keep in (("save", CheckpointPolicy.MUST_SAVE), ("cpu offload", CheckpointPolicy.MUST_CPU_OFFLOAD),
-                       ("recompute all", None)):
-        row, grads[name] = run(name, blocks, x, _policy(keep))
-        rows.append(row)
+    policies = (("save", CheckpointPolicy.MUST_SAVE), ("cpu offload", CheckpointPolicy.MUST_CPU_OFFLOAD),
+                ("recompute all", None))
+    # Deterministic mode fills every torch.empty with NaN; offload's pinned buffers are written in full by their
+    # copy, and filling them first would time a CPU memset of everything offloaded (about 0.1 s per step here).
+    deterministic: Any = torch.utils.deterministic  # its one setting is a module property the stubs do not know
+    fill, deterministic.fill_uninitialized_memory = deterministic.fill_uninitialized_memory, False
+    with deterministic_kernels(torch.device("cuda")):
+        for name, keep in policies:
+            row, grads[name] = run(name, blocks, x, _policy(keep))
+            rows.append(row)
+        save, off = rows[0], rows[1]
+        floor = copy_floor(int((save["kept_MiB"] - off["kept_MiB"]) * 2**20))
+        table = profile_step(blocks, x, _policy(CheckpointPolicy.MUST_CPU_OFFLOAD))
+    deterministic.fill_uninitialized_memory = fill
     same = all(torch.equal(a, b) for a, b in zip(grads["save"], grads["cpu offload"], strict=True))
-    print(f"{'policy':<14} {'kept MiB':>10} {'peak MiB':>10} {'step ms':>9}")
+    print(f"{'policy':<14} {'kept MiB':>10} {'peak MiB':>10} {'step ms':>9} {'forward ms':>11} {'left/step MiB':>14}")
     for r in rows:
-        print(f"{r['policy']:<14} {r['kept_MiB']:>10.1f} {r['peak_MiB']:>10.1f} {r['step_ms']:>9.1f}")
-    save, off = rows[0], rows[1]
+        print(f"{r['policy']:<14} {r['kept_MiB']:>10.1f} {r['peak_MiB']:>10.1f} {r['step_ms']:>9.1f} "
+              f"{r['forward_ms']:>11.1f} {r['left_per_step_MiB']:>14.1f}")
+    print("left/step: device memory still allocated after a step, per step (a step that frees what it made: 0)")
     print(f"offload keeps {save['kept_MiB'] - off['kept_MiB']:.1f} MiB less than save, "
           f"step time x{off['step_ms'] / save['step_ms']:.2f}; gradients bit-equal to save: {same}")
+    print(f"floor for {floor['MiB']:.0f} MiB: device-to-host {floor['d2h_ms']:.1f} ms ({floor['d2h_GBps']:.1f} GB/s), "
+          f"host-to-device {floor['h2d_ms']:.1f} ms ({floor['h2d_GBps']:.1f} GB/s); allocating it pinned "
+          f"{floor['pinned_alloc_ms']:.1f} ms")
+    print("one offload step under torch's profiler:")
+    print(table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "grads_equal_to_save": same}, f, indent=2)
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "grads_equal_to_save": same,
+                       "copy_floor": floor}, f, indent=2)
     return 0 if same else 1
 
 

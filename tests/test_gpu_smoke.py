@@ -46,5 +46,16 @@ def test_offload_without_a_gpu_says_so(capsys):
 def test_gpu_all_runs_every_part_with_its_own_limit():
     script = (BENCHMARKS / "gpu_all.sh").read_text()
     parts = [line.split()[1:3] for line in script.splitlines() if line.startswith("run ")]
-    assert [name for name, _ in parts] == ["bench", "flex", "njt", "offload"]
-    assert sum(int(limit) for _, limit in parts) < 360
+    assert [name for name, _ in parts] == ["bench", "flex", "njt", "offload", "advise"]
+    assert sum(int(limit) for _, limit in parts) < 540
+
+
+def test_advise_factory_gives_the_bench_model_advise_can_check_bitwise(tmp_path, monkeypatch):
+    from sac2 import advisor_cli
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS.parent))  # the factory is named benchmarks.gpu_advise:tiny
+    out = tmp_path / "advice.json"
+    assert advisor_cli.main(["--factory", "benchmarks.gpu_advise:tiny", "--steps", "1", "--json", str(out)]) == 0
+    advice = json.loads(out.read_text())
+    assert [r["name"] for r in advice["rows"] if not r["equal"]] == []
+    assert advice["recommended"] is not None
