@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -27,8 +26,7 @@ from sac2._compat import tree_map
 from sac2.advice import Advice, recommend
 from sac2.apply import apply_ac
 from sac2.bench.determinism import deterministic_kernels
-from sac2.bench.job import Progress, Result, grads_equal, turns
-from sac2.bench.memory import measure_step
+from sac2.bench.job import Progress, Result, grads_equal, take_step, turns
 from sac2.policies import llm
 from sac2.policies.budget import MemoryBudget, memory_budget
 
@@ -255,7 +253,6 @@ def advise(
         models.append(m)
         setups.append(c)
     results = [Result(c.name, c.code) for c in setups]
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     bar = Progress((steps + 1) * len(setups)) if progress else None
     with deterministic_kernels(dev):  # on CUDA, so that the bitwise check can hold at all
         for step in range(steps + 1):
@@ -263,16 +260,7 @@ def advise(
             for i in turns(step, len(setups)):
                 models[i].zero_grad(set_to_none=True)
                 forward = functools.partial(lambda m: lossf(_call(m, inputs)), models[i])
-                if step == 0:
-                    memory, losses[i] = measure_step(forward, dev)
-                    results[i].kept_bytes, results[i].peak_bytes = memory.kept, memory.peak
-                else:
-                    sync()
-                    start = time.perf_counter()
-                    losses[i] = forward()
-                    losses[i].backward()
-                    sync()
-                    results[i].step_s.append(time.perf_counter() - start)
+                losses[i] = take_step(forward, results[i], dev, step == 0)
                 if bar is not None:
                     bar.step()
             for i in range(1, len(setups)):

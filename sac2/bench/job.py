@@ -26,7 +26,7 @@ from sac2.bench.determinism import deterministic_kernels
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
 
-__all__ = ["Result", "run", "turns", "grads_equal", "Progress", "COMPILE_BACKEND", "ATOL", "RTOL"]
+__all__ = ["Result", "run", "turns", "take_step", "grads_equal", "Progress", "COMPILE_BACKEND", "ATOL", "RTOL"]
 
 #: The backend ``compile`` uses unless ``backend`` says otherwise: torch.compile's default.
 COMPILE_BACKEND = "inductor"
@@ -90,6 +90,27 @@ def grads_equal(
     if not _same(loss, ref_loss, bitwise):
         return False
     return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters(), strict=True))
+
+
+def take_step(
+    forward: Callable[[], torch.Tensor], result: Result, device: torch.device, first: bool,
+    then: Callable[[], object] = lambda: None,
+) -> torch.Tensor:
+    """One training step of one row, its loss: the first measures the memory it keeps and its peak (untimed), each
+    later one is timed, ``then`` (the optimizer's step) included."""
+    if first:
+        memory, loss = measure_step(forward, device)
+        result.kept_bytes, result.peak_bytes = memory.kept, memory.peak
+        return loss
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    loss = forward()
+    loss.backward()
+    then()
+    sync()
+    result.step_s.append(time.perf_counter() - start)
+    return loss
 
 
 def _model(base: Transformer, row: Row) -> Transformer:
@@ -166,7 +187,6 @@ def run(
     optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
     check = "allclose" if compile else "bitwise"
     results = [Result(row.name, row.policy, check=check) for row in modes]
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with deterministic_kernels(dev):  # on CUDA, so that the bitwise check can hold at all
         if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
             tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
@@ -180,17 +200,7 @@ def run(
             for i in turns(step, len(modes)):
                 forward = functools.partial(forwards[i], tokens, targets)
                 optims[i].zero_grad(set_to_none=True)
-                if step == 0:
-                    memory, losses[i] = measure_step(forward, dev)
-                    results[i].kept_bytes, results[i].peak_bytes = memory.kept, memory.peak
-                else:
-                    sync()
-                    start = time.perf_counter()
-                    losses[i] = forward()
-                    losses[i].backward()
-                    optims[i].step()
-                    sync()
-                    results[i].step_s.append(time.perf_counter() - start)
+                losses[i] = take_step(forward, results[i], dev, step == 0, optims[i].step)
                 progress.step()
             for i in range(1, len(modes)):
                 results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
