@@ -235,14 +235,17 @@ def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
     if top is None:
         return True
     pack = top[0]
-    grad_was = _compat.set_grad_enabled(False)  # the views are backward's to read: no autograd node for them
+    grad_was: bool | None = None
     try:
         for j, view_size, view_stride, offset, _, _ in specs:
             t = inputs[j]
             if view_size is None or view_stride is None:
                 pack(t)  # the input itself
-            else:
-                pack(t.as_strided(view_size, view_stride, t.storage_offset() + offset))
+                continue
+            if grad_was is None:  # the views are backward's to read: no autograd node for them
+                grad_was = _compat.set_grad_enabled(False)
+            pack(t.as_strided(view_size, view_stride, t.storage_offset() + offset))
     finally:
-        _compat.set_grad_enabled(grad_was)
+        if grad_was is not None:
+            _compat.set_grad_enabled(grad_was)
     return True
