@@ -14,7 +14,8 @@ reshape of it, a parameter) read as few tensor attributes as they can: each cost
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 import torch
 
@@ -24,8 +25,8 @@ from sac2.region_call import RegionCall
 from sac2.saved import Saved
 
 __all__ = [
-    "keep_inputs", "keeps_inputs", "plain_inputs", "rebuilds", "run_saved", "rerun", "pack_rebuilt",
-    "Rebuilt",
+    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "plain_inputs", "rebuilds", "run_saved", "rerun",
+    "pack_rebuilt", "Rebuilt",
 ]
 
 Tensor = torch.Tensor
@@ -48,6 +49,17 @@ def keep_inputs(names: Any, keep: bool = True) -> None:
             _keeping_inputs.add(name)
         else:
             _keeping_inputs.discard(name)
+
+
+@contextlib.contextmanager
+def keep_inputs_restored() -> Iterator[None]:
+    """Every region name's ``keep_inputs`` setting as it was before the block, after it (on errors too)."""
+    before = set(_keeping_inputs)
+    try:
+        yield
+    finally:
+        _keeping_inputs.clear()
+        _keeping_inputs.update(before)
 
 
 def keeps_inputs(key: Region) -> bool:

@@ -84,6 +84,12 @@ class TestShortRun(TestCase):
         self.assertTrue(rows["sac2 regions attn"]["equal"])
         self.assertLess(rows["sac2 regions attn"]["kept_bytes"], rows["sac2 regions"]["kept_bytes"])
 
+    def test_the_inputs_kept_twin_keeps_what_the_regions_row_rebuilds(self):
+        rows = {m["name"]: m for m in self.result[2]["modes"]}
+        self.assertTrue(rows["sac2 regions, inputs kept"]["equal"])
+        self.assertGreater(rows["sac2 regions, inputs kept"]["kept_bytes"], rows["sac2 regions"]["kept_bytes"])
+        self.assertEqual(rows["sac2 regions"]["kept_bytes"], rows["stock SAC"]["kept_bytes"])
+
     def test_prints_and_writes_the_pareto_front(self):
         modes = self.result[2]["modes"]
         front = [modes[i]["name"] for i in output.pareto_front([(m["median_s"], m["kept_bytes"]) for m in modes])]
@@ -114,7 +120,8 @@ class TestRows(TestCase):
     def test_rows_in_order(self):
         names = [row.name for row in self._rows()]
         expected = ["none", "full", "stock SAC", "sac2 SAC", "sac2 full", "sac2 every_other_matmul",
-                    "sac2 budget 0.3", "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions", "sac2 regions attn"]
+                    "sac2 budget 0.3", "sac2 budget 0.5", "sac2 budget 0.7", "sac2 regions",
+                    "sac2 regions, inputs kept", "sac2 regions attn"]
         self.assertEqual(names, expected + (["torch_remat"] if checkpoint_modes.remat_available() else []))
 
     def test_region_rows_are_one_line_on_the_unmodified_model(self):
@@ -123,6 +130,8 @@ class TestRows(TestCase):
             self.assertIsNone(rows[name].region)
             self.assertIsNotNone(rows[name].prepare)
             self.assertEqual(rows[name].policy, f'apply_ac(model, "regions", save={save})')
+        self.assertEqual(rows["sac2 regions, inputs kept"].policy,
+                         'apply_ac(model, "regions", save=[\'attention\', \'linear\'], keep_inputs=True)')
         self.assertIsNone(rows["sac2 SAC"].prepare)
 
     def test_a_one_line_row_checkpoints_its_own_copy_with_regions_and_leaves_the_base_alone(self):
@@ -257,3 +266,16 @@ class TestProgressBar(TestCase):
         with contextlib.redirect_stderr(err):
             job._Progress(1).step()
         self.assertEqual(err.getvalue(), "")
+
+
+def test_a_run_leaves_every_regions_keep_inputs_setting_as_it_found_it():
+    from sac2 import region_saves
+    from sac2.keys import Region
+
+    region_saves.keep_inputs(["qkv"], True)  # a user's own setting for a name the bench's model uses too
+    try:
+        bench.run("tiny", 1)
+        assert region_saves.keeps_inputs(Region("qkv"))
+        assert not region_saves.keeps_inputs(Region("attention"))
+    finally:
+        region_saves.keep_inputs(["qkv"], False)

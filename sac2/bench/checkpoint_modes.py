@@ -10,6 +10,7 @@ runs), and torch_remat (the region-based peer, when it is installed) keeping the
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -19,8 +20,10 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import sac2
+from sac2 import region_saves
 from sac2.bench.length_curve import sac2_sac, stock_sac
 from sac2.bench.models import REGION_NAMES, RegionWrap, Transformer
+from sac2.model_regions import region_name_of
 from sac2.policies import every_other_matmul, llm
 from sac2.policies.budget import memory_budget
 
@@ -28,11 +31,17 @@ __all__ = ["RunBlock", "Prepare", "Row", "rows", "remat_available", "remat_regio
 
 #: How a mode runs one block: ``run_block(block, x)`` returns the block's output.
 RunBlock = Callable[[nn.Module, torch.Tensor], torch.Tensor]
-#: What a mode does to its own copy of the model before training it (in place), e.g. ``sac2.apply_ac``.
-Prepare = Callable[[Transformer], None]
+#: What a mode does to its own copy of the model before training it (in place), e.g. ``sac2.apply_ac``; it returns
+#: what to do before each of the row's steps, or None.
+Prepare = Callable[[Transformer], Callable[[], None] | None]
 
-#: The one-line region rows: row name -> ``save`` of ``sac2.apply_ac(model, "regions", save=...)``.
-REGION_SAVES = {"sac2 regions": ["attention", "linear"], "sac2 regions attn": ["attention"]}
+#: The one-line region rows: row name -> (``save`` of ``sac2.apply_ac(model, "regions", save=...)``, its
+#: ``keep_inputs``). The twin with inputs kept measures what rebuilding them costs (0.3 kept them).
+REGION_SAVES = {
+    "sac2 regions": (["attention", "linear"], False),
+    "sac2 regions, inputs kept": (["attention", "linear"], True),
+    "sac2 regions attn": (["attention"], False),
+}
 
 
 def _no_checkpoint(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -76,11 +85,15 @@ def remat_available() -> bool:
     return importlib.util.find_spec("torch_remat") is not None
 
 
-def _apply_regions(save: list[str]) -> Prepare:
-    """``sac2.apply_ac(model, "regions", save=save)`` on a row's copy: its blocks wrap themselves."""
+def _apply_regions(save: list[str], keep_inputs: bool) -> Prepare:
+    """``sac2.apply_ac(model, "regions", save=save)`` on a row's copy: its blocks wrap themselves. The setting
+    ``keep_inputs`` belongs to the region names, which the region rows share, so each row sets its own before each
+    of its steps."""
 
-    def prepare(model: Transformer) -> None:
+    def prepare(model: Transformer) -> Callable[[], None]:
         sac2.apply_ac(model, "regions", save=save, blocks=model.blocks)
+        names = {region_name_of(m) for m in model.modules()} - {None}
+        return functools.partial(region_saves.keep_inputs, names, keep_inputs)
 
     return prepare
 
@@ -89,7 +102,7 @@ def _apply_regions(save: list[str]) -> Prepare:
 class Row:
     """One mode of the bench: its name, its policy in words, how it runs a block, how the model is built with its
     calls wrapped in regions by hand (``region``; None: the default model), and what is done to the row's copy
-    of the model before training (``prepare``; None: nothing)."""
+    of the model before training (``prepare``; None: nothing; it returns what to do before each step)."""
 
     name: str
     policy: str
@@ -115,8 +128,9 @@ def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
         out.append(Row(f"sac2 budget {fraction}", repr(budget), sac2_sac(budget)))
     # One line on the unmodified model: apply_ac wraps the blocks themselves, so run_block just calls the block.
     # Under compile a region is traced through and each of its nodes gets the policy's answer for the region.
-    for name, save in REGION_SAVES.items():
-        out.append(Row(name, f'apply_ac(model, "regions", save={save})', _no_checkpoint, prepare=_apply_regions(save)))
+    for name, (save, keep) in REGION_SAVES.items():
+        policy = f'apply_ac(model, "regions", save={save}{", keep_inputs=True" if keep else ""})'
+        out.append(Row(name, policy, _no_checkpoint, prepare=_apply_regions(save, keep)))
     if remat_available():
         out.append(Row("torch_remat", f"remat.region(recompute=False): {list(REGION_NAMES)}", _remat, remat_region))
     return out

@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from sac2 import region_saves
 from sac2.bench.checkpoint_modes import Row, remat_available, rows
 from sac2.bench.determinism import deterministic_kernels
 from sac2.bench.memory import measure_step
@@ -114,16 +115,25 @@ def take_step(
 
 
 def _model(base: Transformer, row: Row) -> Transformer:
+    """The row's own copy of ``base`` (``_prepared``)."""
+    return _prepared(base, row)[0]
+
+
+def _prepared(base: Transformer, row: Row) -> tuple[Transformer, Callable[[], None]]:
     """The row's own copy of ``base``: the same parameters, built with its calls wrapped in regions by hand if the
-    row says so (``row.region``), then prepared by the row (``row.prepare``: e.g. ``sac2.apply_ac`` in place)."""
+    row says so (``row.region``), then prepared by the row (``row.prepare``: e.g. ``sac2.apply_ac`` in place); and
+    what to do before each of its steps."""
     if row.region is None:
         model = copy.deepcopy(base)
     else:
         model = Transformer(base.cfg, region=row.region).to(next(base.parameters()).device)
         model.load_state_dict(base.state_dict())
-    if row.prepare is not None:
-        row.prepare(model)
-    return model
+    before = row.prepare(model) if row.prepare is not None else None
+    return model, before if before is not None else _nothing
+
+
+def _nothing() -> None:
+    """Nothing to do before a step."""
 
 
 def _forward(
@@ -172,7 +182,15 @@ def run(
     backend: str = COMPILE_BACKEND,
 ) -> tuple[list[Result], list[str]]:
     """Train ``config`` for 1 + ``steps`` steps under every mode (each under ``torch.compile(backend=backend)`` if
-    ``compile``); return the rows and notes on the run."""
+    ``compile``); return the rows and notes on the run. The region rows' ``keep_inputs`` settings (their own, set
+    before each of their steps) do not outlast it."""
+    with region_saves.keep_inputs_restored():
+        return _run(config, steps, device, seed, compile, backend)
+
+
+def _run(
+    config: str, steps: int, device: str, seed: int, compile: bool, backend: str
+) -> tuple[list[Result], list[str]]:
     cfg = CONFIGS[config]
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -181,7 +199,8 @@ def run(
     example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, requires_grad=True)
     notes = _notes(dev)
     modes = rows(base, example)
-    models = [_model(base, row) for row in modes]
+    prepared = [_prepared(base, row) for row in modes]
+    models, befores = [model for model, _ in prepared], [before for _, before in prepared]
     backend_ = backend if compile else None
     forwards = [_forward(m, row, backend_, i) for i, (m, row) in enumerate(zip(models, modes, strict=True))]
     optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
@@ -190,7 +209,8 @@ def run(
     with deterministic_kernels(dev):  # on CUDA, so that the bitwise check can hold at all
         if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
             tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
-            for forward, model in zip(forwards, models, strict=True):
+            for forward, model, before in zip(forwards, models, befores, strict=True):
+                before()
                 forward(tokens, targets).backward()
                 model.zero_grad(set_to_none=True)
         progress = Progress((steps + 1) * len(modes))
@@ -200,6 +220,7 @@ def run(
             for i in turns(step, len(modes)):
                 forward = functools.partial(forwards[i], tokens, targets)
                 optims[i].zero_grad(set_to_none=True)
+                befores[i]()
                 losses[i] = take_step(forward, results[i], dev, step == 0, optims[i].step)
                 progress.step()
             for i in range(1, len(modes)):
