@@ -23,6 +23,7 @@ import functools
 import json
 import statistics
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -62,13 +63,6 @@ SMOKE = Config(dim=32, n_layers=2, n_heads=4, doc_lens=(5, 9, 3), warmup=0, step
                backend="aot_eager")
 
 
-class Attention:
-    """SDPA within each document."""
-
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v)  # NJT: no is_causal with ragged sequences
-
-
 class CountAttentionKernels(TorchDispatchMode):
     """Counts the forward attention kernels that reach it (over a backward: the ones recompute ran again; an op a
     SAC mode served from its cache never gets here)."""
@@ -87,9 +81,9 @@ class CountAttentionKernels(TorchDispatchMode):
 class Block(nn.Module):
     """Attention (separate q, k, v projections: NJT SDPA needs each contiguous) and a SiLU MLP, with residuals."""
 
-    def __init__(self, cfg: Config, attend: Attention) -> None:
+    def __init__(self, cfg: Config) -> None:
         super().__init__()
-        self.n_heads, self.attend = cfg.n_heads, attend
+        self.n_heads = cfg.n_heads
         self.q, self.k, self.v, self.o = (nn.Linear(cfg.dim, cfg.dim, bias=False) for _ in range(4))
         self.up = nn.Linear(cfg.dim, 4 * cfg.dim, bias=False)
         self.down = nn.Linear(4 * cfg.dim, cfg.dim, bias=False)
@@ -98,7 +92,8 @@ class Block(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:  # (docs, jagged, dim) -> (docs, heads, jagged, head dim)
             return t.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)
 
-        a = self.attend(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)))
+        # SDPA within each document (NJT: no is_causal with ragged sequences)
+        a = F.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)), heads(self.v(x)))
         x = x + self.o(a.transpose(1, 2).flatten(-2))
         return x + self.down(F.silu(self.up(x)))
 
@@ -124,8 +119,7 @@ def _batch(cfg: Config, device: torch.device) -> torch.Tensor:
 def run(name: str, ac: str, compiled: bool, cfg: Config, device: torch.device, smoke: bool) -> dict[str, Any]:
     """Train ``cfg.warmup + cfg.steps`` steps of one mode; the row, and the last step's loss and gradients."""
     torch.manual_seed(0)
-    attend = Attention()
-    blocks = nn.ModuleList(Block(cfg, attend) for _ in range(cfg.n_layers)).to(device, getattr(torch, cfg.dtype))
+    blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers)).to(device, getattr(torch, cfg.dtype))
     wrap = _wrap(ac, smoke)
     calls: list[Callable[..., Any]] = [wrap(b) for b in blocks]
     if compiled:
@@ -193,9 +187,10 @@ def _row(name: str, ac: str, compiled: bool, cfg: Config, device: torch.device, 
     the smoke run), so it does not hide the others' figures."""
     try:
         out = run(name, ac, compiled, cfg, device, smoke)
-    except Exception as e:  # any failure is the row's result
+    except Exception as e:  # any failure is the row's result; the whole error goes to the output
         if smoke:
             raise
+        traceback.print_exc()
         failed = {"mode": name, "compiled": compiled, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
         print(f"-- {json.dumps(failed)}", flush=True)
         return failed
