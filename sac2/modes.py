@@ -107,6 +107,7 @@ class CachingMode(SacMode):
     def __enter__(self) -> Self:
         count_forward()
         self._tracer = Tracer(self) if _compat.tracing_for_compile() else None
+        self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 
     def __torch_dispatch__(

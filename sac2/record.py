@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, messages
+from sac2 import _compat, messages, region_saves
 from sac2.answers import op_name
 from sac2.invariants import InternalError
 from sac2.keys import Key
@@ -37,7 +37,10 @@ class Record:
     (``generator=g``) to that generator and its state before the op: recompute draws the same numbers from it.
     """
 
-    __slots__ = ("log", "saved_at", "by_storage", "track", "wrote", "holders", "packed", "offloaded", "served", "draws")
+    __slots__ = (
+        "log", "saved_at", "by_storage", "track", "wrote", "holders", "packed", "offloaded", "served", "draws",
+        "region_outputs",
+    )
 
     def __init__(self) -> None:
         self.log: list[Saved | Key] = []
@@ -54,6 +57,14 @@ class Record:
         self.offloaded: list[Saved] = []  # entries answered CPU_OFFLOAD
         self.served: list[Saved] = []  # entries this recompute served and keeps for another
         self.draws: dict[int, tuple[torch.Generator, Tensor]] = {}
+        #: While the forward runs, what saved regions returned that stays on its device until backward
+        #: (``sac2.region_saves.note_outputs``); None where the user's saved-tensor hooks take what the record keeps.
+        self.region_outputs: region_saves.Outputs | None = None
+
+    def start_forward(self, hooks: Hooks | None) -> None:
+        """The forward starts; ``hooks``: the user's saved-tensor hooks what it saves goes through, or None (then
+        what saved regions return stays on its device until backward)."""
+        self.region_outputs = {} if hooks is None else None
 
     def saves_anything(self) -> bool:
         """Whether the forward saved some op or region."""
@@ -67,11 +78,14 @@ class Record:
         self.saved_at.append(len(self.log))
         self.log.append(entry)
 
-    def add_region(self, entry: Saved, offloaded: bool = False) -> None:
-        """Append a saved region call (its versions are final: it runs above autograd)."""
-        if offloaded and entry.state is State.HELD:  # not RERUN: a region run again has nothing to offload
-            entry.offload_at_end()
-            self.offloaded.append(entry)
+    def add_region(self, entry: Saved, out: Any, offloaded: bool = False) -> None:
+        """Append a saved region call that returned ``out`` (its versions are final: it runs above autograd)."""
+        if entry.state is State.HELD:  # not RERUN: a region run again has nothing to offload, and keeps nothing
+            if offloaded:
+                entry.offload_at_end()
+                self.offloaded.append(entry)
+            elif self.region_outputs is not None:
+                region_saves.note_outputs(self.region_outputs, out)
         self.log.append(entry)
 
     def key_at(self, i: int) -> Key:
@@ -92,6 +106,7 @@ class Record:
     def end_forward(self, hooks: Hooks | None) -> None:
         """Recompute the saved outputs a later op wrote into (warned once), move offloaded entries to the host,
         and hand the rest to the user's saved-tensor hooks (``respect_saved_tensors_hooks=True``)."""
+        self.region_outputs = None
         kept = []
         for i in self.saved_at:
             entry = self.log[i]

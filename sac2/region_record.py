@@ -47,7 +47,7 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool) -
     if not call.drawless:  # a matmul or Linear on plain tensors draws nothing: no generator state to read
         with _compat.no_modes():
             rng = rng_before(True, args, kwargs)
-    out, rebuilt = region_saves.run_saved(call)
+    out, rebuilt = region_saves.run_saved(call, before, record.region_outputs)
     entry = Saved(key)
     entry.rebuilt = rebuilt
     written = writes.writes_of(key, args, kwargs, out, before)
@@ -57,7 +57,7 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool) -
             entry.rng = rng_moved(rng)  # recompute skips the region: skip the numbers it drew, too
     if written is None:
         warn_once("unseen-writes", key, messages.unseen_writes(op_name(key)))
-    record.add_region(entry, offload)
+    record.add_region(entry, out, offload)
     return out
 
 
@@ -126,6 +126,7 @@ class RegionForward(_Context):
 
     def __enter__(self) -> Self:
         count_forward()
+        self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 
     def __exit__(

@@ -5,8 +5,9 @@ A saved region keeps its backward state itself (it never runs in backward), but 
 Such a save goes to the checkpoint's pack hook beneath as an ordinary position, and when recompute serves the
 region it is rebuilt from the replayed input (the input itself, or ``as_strided`` of it) and packed at the same
 place. Anything else (a parameter, a tensor the body made, another dtype, partial overlap, an alias that is no view
-of the input's base) is kept for real. ``keep_inputs`` makes a region keep its inputs too (for inputs from a
-nondeterministic producer).
+of the input's base) is kept for real, and so is an input the record keeps anyway: (a view of) what an earlier saved
+region returned (``note_outputs``), whose memory stays until backward, so rebuilding it would save no byte and cost
+a position. ``keep_inputs`` makes a region keep its inputs too (for inputs from a nondeterministic producer).
 
 Every save of a saved region's body passes through here, so the common cases (the input itself, a contiguous
 reshape of it, a parameter) read as few tensor attributes as they can: each costs a Python-to-C call.
@@ -15,6 +16,7 @@ reshape of it, a parameter) read as few tensor attributes as they can: each cost
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Iterator
 
 import torch
@@ -25,8 +27,8 @@ from sac2.region_call import RegionCall
 from sac2.saved import Saved
 
 __all__ = [
-    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "plain_inputs", "rebuilds", "run_saved", "rerun",
-    "pack_rebuilt", "Rebuilt",
+    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "plain_inputs", "rebuilds", "note_outputs", "run_saved",
+    "rerun", "pack_rebuilt", "Rebuilt", "Outputs",
 ]
 
 Tensor = torch.Tensor
@@ -37,6 +39,10 @@ Spec = tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, int, tuple[int
 #: What a saved region's record holds about the body saves recompute rebuilds: (their numbers among the body's
 #: saves, where each lives).
 Rebuilt = tuple[frozenset[int], tuple[Spec, ...]]
+#: What earlier saved regions of one forward returned, which the record keeps on its device until backward (written
+#: in place later or not: a region's entry is kept until recompute): a weak reference to the tensor each output is
+#: or views, by its id.
+Outputs = dict[int, "weakref.ref[Tensor]"]
 
 _keeping_inputs: set[str] = set()
 
@@ -70,10 +76,29 @@ def keeps_inputs(key: Region) -> bool:
 def plain_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
     """The tensor leaves of a call that recompute can rebuild body saves from: plain strided tensors (a wrapper
     subclass such as DTensor has no real storage to compare)."""
-    return [
-        t for t in _compat.call_leaves(args, kwargs)
-        if type(t) is Tensor and t.layout is torch.strided and not t.is_nested
-    ]
+    return [t for t in _compat.call_leaves(args, kwargs) if _plain(t)]
+
+
+def _plain(t: object) -> bool:
+    return type(t) is Tensor and t.layout is torch.strided and not t.is_nested
+
+
+def note_outputs(outputs: Outputs, out: Any) -> None:
+    """Note what a saved region returned (``out``) in ``outputs``, the record's: it stays on its device until
+    backward, so a later saved region's body keeps (a view of) it for real at no cost (``_Saves``)."""
+    for t in (out,) if type(out) is Tensor else _compat.tree_leaves(out):
+        if type(t) is Tensor:
+            base = _compat.view_base(t)
+            root = t if base is None else base
+            outputs[id(root)] = weakref.ref(root)
+
+
+def _kept_anyway(x: Tensor, outputs: Outputs) -> bool:
+    """Whether ``x`` is (a view of) a tensor in ``outputs``."""
+    base = _compat.view_base(x)
+    root = x if base is None else base
+    held = outputs.get(id(root))
+    return held is not None and held() is root
 
 
 def _extent(t: Tensor) -> int:
@@ -161,9 +186,11 @@ class _Saves:
     What the checkpoint's pack hook returns is what autograd keeps: unpack tells it from a ``Kept`` by type.
     """
 
-    def __init__(self, inputs: list[Tensor], beneath: _compat.HookPair) -> None:
-        self.inputs, self.versions = inputs, _compat.versions(inputs)
+    def __init__(self, before: list[tuple[Tensor, int]], beneath: _compat.HookPair, outputs: Outputs) -> None:
+        plain = [(t, v) for t, v in before if _plain(t)]
+        self.inputs, self.versions = [t for t, _ in plain], tuple([v for _, v in plain])
         self.beneath_pack, self.beneath_unpack = beneath
+        self.outputs = outputs
         self.count = 0
         self.numbers: list[int] = []
         self.specs: list[Spec] = []
@@ -172,7 +199,7 @@ class _Saves:
         n = self.count
         self.count = n + 1
         spec = rebuilds(x, self.inputs, self.versions)
-        if spec is None:
+        if spec is None or (self.outputs and _kept_anyway(x, self.outputs)):
             return (x, _compat.version(x), n)
         self.numbers.append(n)
         self.specs.append(spec)
@@ -209,17 +236,20 @@ class _Rerun:
         return t
 
 
-def run_saved(call: RegionCall) -> tuple[Any, Rebuilt | None]:
-    """Run a saved region's body in forward: its backward state kept for real, except the saves recompute can
-    rebuild from its inputs, which the checkpoint beneath keeps as positions (unless the region keeps inputs)."""
+def run_saved(
+    call: RegionCall, before: list[tuple[Tensor, int]], outputs: Outputs | None
+) -> tuple[Any, Rebuilt | None]:
+    """Run a saved region's body in forward (``before``: its tensor arguments with their versions): its backward
+    state kept for real, except the saves recompute can rebuild from its inputs, which the checkpoint beneath keeps
+    as positions (unless the region keeps inputs, or the record keeps them anyway: ``outputs``, None for none)."""
     beneath = None if keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
     if beneath is None:
         return call.run_under(_compat.as_is, _compat.as_is), None
-    saves = _Saves(plain_inputs(call.args, call.kwargs), beneath)
+    saves = _Saves(before, beneath, outputs or {})
     try:
         out = call.run_under(saves.pack, saves.unpack)
     finally:
-        saves.inputs = []  # autograd keeps the hooks in its graph: they must not keep the inputs
+        saves.inputs, saves.outputs = [], {}  # autograd keeps the hooks in its graph: they must not keep these
     return out, saves.rebuilt()
 
 

@@ -121,3 +121,29 @@ def test_what_offload_moved_to_the_host_is_freed_once_backward_has_used_it(monke
     assert (copies, counted_runs() - before) == (3, 3 + 3)  # one host copy each; counted ran in forward only
     assert torch.equal(grad, want_grad)
     assert link.alive() == 0  # held past backward, a copy kept its recompute's graph and the frame alive for good
+
+
+def test_a_region_output_offloaded_to_the_host_is_not_kept_on_the_device_by_the_next_region(monkeypatch):
+    from sac2 import region_saves
+
+    _HostLink(monkeypatch)
+    a, b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def body(x):
+        return sac2.region(b, name="off_b")(sac2.region(a, name="off_a")(x))
+
+    def policy(_ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_CPU_OFFLOAD if op == sac2.Region("off_a") else CheckpointPolicy.MUST_SAVE
+
+    def kept() -> int:
+        step = lambda: sac2.checkpoint(body, x, use_reentrant=False, context_fn=contexts(policy)).sum()  # noqa: E731
+        return measure_step(step, "cpu")[0].kept
+
+    x = randn(4096, 16)
+    offloaded = kept()
+    try:
+        region_saves.keep_inputs(["off_b"], True)  # off_b keeps off_a's output on the device itself
+        keeping = kept()
+    finally:
+        region_saves.keep_inputs(["off_b"], False)
+    assert keeping - offloaded >= 4096 * 16 * 4

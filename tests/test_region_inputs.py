@@ -132,6 +132,48 @@ def test_a_saved_linear_region_keeps_no_copy_of_its_input():
     assert memory.kept < 2 * 4096 * 16 * 4
 
 
+def _chain(after_a=lambda _a: None, **options):
+    """x -> Linear region ri_a -> ``after_a(a)`` -> Linear region ri_b on a's output, checkpointed saving both."""
+    net = _Net(twice=True)
+
+    def body(x):
+        a = sac2.region(net.a, name="ri_a")(x)
+        after_a(a)
+        return sac2.region(net.b, name="ri_b")(a)
+
+    context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("ri_a"), sac2.Region("ri_b")])
+    return net, lambda x: sac2.checkpoint(body, x, use_reentrant=False, context_fn=context_fn, **options)
+
+
+def test_what_a_saved_region_returned_is_kept_with_it_for_the_next_region_not_rebuilt():
+    # ri_b's body saves ri_a's output, which the record keeps anyway: a position to rebuild it would keep no byte
+    # less, so recompute stops once ri_a (the last position) is back and never reaches the code between them.
+    reached = []
+    net, step = _chain(lambda _a: reached.append("between"))
+    x = torch.randn(8, 16, requires_grad=True)
+    step(x).sum().backward()
+    assert reached == ["between"]  # the forward only
+    reference = _Net(twice=True)
+    reference.b(reference.a(x)).sum().backward()
+    assert bitwise_equal([p.grad for p in net.parameters()], [p.grad for p in reference.parameters()])
+
+
+def test_under_copying_hooks_a_saved_regions_output_is_not_kept_again_by_the_next_region():
+    # The user's hooks take what the record keeps (respect_saved_tensors_hooks=True) and keep a copy: a later
+    # region keeping the tensor itself would keep it a second time.
+    _, rebuilding = _chain(respect_saved_tensors_hooks=True)
+    _, keeping = _chain(respect_saved_tensors_hooks=True)
+    x = torch.randn(4096, 16)
+    with torch.autograd.graph.saved_tensors_hooks(torch.clone, lambda t: t):
+        rebuilt = measure_step(lambda: rebuilding(x).sum(), "cpu")[0].kept
+        try:
+            region_saves.keep_inputs(["ri_b"], True)
+            kept = measure_step(lambda: keeping(x).sum(), "cpu")[0].kept
+        finally:
+            region_saves.keep_inputs(["ri_b"], False)
+    assert kept - rebuilt >= 4096 * 16 * 4
+
+
 @pytest.mark.parametrize("style", STYLES)
 def test_an_input_written_in_place_after_the_region_is_autograds_error(style):
     def run(checkpointed: bool) -> None:
