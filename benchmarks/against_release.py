@@ -1,0 +1,221 @@
+"""One-line regions in this checkout against a released sac2, side by side in one process: step time and bitwise grads.
+
+The release is the ``sac2`` package of a git commit (default: 0.3.0's, the baseline issue 24 compares with),
+unpacked from this repository with ``git archive`` into a temporary folder and imported as ``sac2_ref`` (every
+``sac2`` name in its sources renamed), so both run in one process on copies of one model and take turns step by
+step in a rotating order (medians of per-turn medians; this thread's CPU time, one thread). Rows, for each save list
+of the region rows (``attention`` + ``linear`` (+ ``experts`` on client models), and ``attention``):
+
+- ``ref``: ``sac2_ref.apply_ac(model, "regions", save=...)``;
+- ``now``: ``sac2.apply_ac(model, "regions", save=...)`` (inputs rebuilt in recompute, the default);
+- ``now, inputs kept``: the same with ``keep_inputs=True`` (as the release kept them).
+
+Memory: one untimed step per row under ``sac2.bench.memory.measure_step`` (kept = allocated by forward and alive
+when backward starts): a row the release runs differently (a call it did not make a region) shows there.
+
+Models: the bench's ``tiny`` and ``small`` (``sac2.bench.models``), and the client models of
+``benchmarks/clients_regions.py`` where transformers / torchtitan are installed. Every row's loss and gradients are
+compared with no checkpointing, bitwise. Numbers only: nothing here is asserted.
+
+    python benchmarks/against_release.py [--ref COMMIT] [--models tiny,small,hf-llama,...] [--rounds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import copyreg
+import functools
+import importlib
+import importlib.util
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+import sac2
+from sac2 import region_saves
+from sac2.bench.job import grads_equal
+from sac2.bench.memory import measure_step
+from sac2.bench.models import CONFIGS, Transformer, random_tokens
+from sac2.model_regions import region_name_of
+
+#: 0.3.0's commit: the release the issues compare step times with.
+RELEASE = "7f4cc5b"
+SAVES = {"matmuls": ["attention", "linear", "experts"], "attention": ["attention"]}
+#: The bench's configs, then ``benchmarks/clients_regions.py``'s client models.
+MODELS = ["tiny", "small", "hf-llama", "hf-qwen3-moe", "tt-llama3"]
+
+
+@contextlib.contextmanager
+def release(commit: str) -> Iterator[ModuleType]:
+    """The ``sac2`` package of ``commit``, unpacked into a temporary folder and imported as ``sac2_ref``; on exit
+    its modules, its folder and the pickle reducers it registered are gone."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    archive = subprocess.run(["git", "-C", str(root), "archive", commit, "sac2"], check=True, capture_output=True)
+    reducers = dict(copyreg.dispatch_table)
+    with tempfile.TemporaryDirectory() as tmp:
+        into = pathlib.Path(tmp)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        (into / "sac2").rename(into / "sac2_ref")
+        for path in (into / "sac2_ref").rglob("*.py"):
+            path.write_text(re.sub(r"\bsac2\b", "sac2_ref", path.read_text()))
+        sys.path.insert(0, tmp)
+        try:
+            yield importlib.import_module("sac2_ref")
+        finally:
+            sys.path.remove(tmp)
+            for name in [m for m in sys.modules if m == "sac2_ref" or m.startswith("sac2_ref.")]:
+                del sys.modules[name]
+            copyreg.dispatch_table.clear()
+            copyreg.dispatch_table.update(reducers)
+
+
+def _clients_regions() -> Any:
+    """``benchmarks/clients_regions.py``, a sibling script (not a package): its client models."""
+    path = pathlib.Path(__file__).with_name("clients_regions.py")
+    spec = importlib.util.spec_from_file_location("clients_regions", path)
+    if spec is None or spec.loader is None:
+        raise ImportError("benchmarks/clients_regions.py is missing")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Case:
+    """A model to compare on: how to build it (same weights every call), its blocks, a loss."""
+
+    name: str
+    build: Callable[[], nn.Module]
+    blocks: Callable[[Any], nn.Module]
+    loss: Callable[[nn.Module], torch.Tensor]
+
+
+def _bench_case(name: str) -> Case:
+    """The bench's model of config ``name`` and its fixed batch."""
+    cfg = CONFIGS[name]
+    tokens = random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return Transformer(cfg)
+
+    def loss(model: nn.Module) -> torch.Tensor:
+        out: torch.Tensor = model(*tokens)
+        return out
+
+    return Case(name, build, lambda m: m.blocks, loss)
+
+
+def cases(names: list[str]) -> list[Case]:
+    out = []
+    for name in names:
+        if name in CONFIGS:
+            out.append(_bench_case(name))
+        else:
+            specs, notes = _clients_regions().models([name], smoke=False)
+            for note in notes:
+                print(f"note: {note}")
+            out += [Case(s.name, s.build, s.blocks, s.loss) for s in specs]
+    return out
+
+
+@dataclass
+class Row:
+    name: str
+    model: nn.Module
+    before: Callable[[], None]
+    times: list[float] = field(default_factory=list)
+    kept: int = 0
+    equal: bool = False
+
+
+def _rows(case: Case, ref: ModuleType) -> list[Row]:
+    base = case.build()
+    rows = []
+    for label, save in SAVES.items():
+        model = copy.deepcopy(base)
+        ref.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
+        rows.append(Row(f"ref regions {label}", model, lambda: None))
+        for keep in (False, True):
+            model = copy.deepcopy(base)
+            sac2.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
+            names = {region_name_of(m) for m in model.modules()} - {None}
+            before = functools.partial(region_saves.keep_inputs, names, keep)
+            rows.append(Row(f"now regions {label}{', inputs kept' if keep else ''}", model, before))
+    reference = copy.deepcopy(base)
+    want = case.loss(reference)
+    want.backward()
+    for row in rows:
+        row.before()
+        memory, loss = measure_step(functools.partial(case.loss, row.model), "cpu")
+        row.kept = memory.kept
+        row.equal = grads_equal(row.model, loss, reference, want, bitwise=True)
+    return rows
+
+
+def measure(case: Case, ref: ModuleType, rounds: int, steps: int) -> list[Row]:
+    rows = _rows(case, ref)
+    for r in range(rounds):
+        for row in rows[r % len(rows):] + rows[: r % len(rows)]:
+            row.before()
+            turn = []
+            for _ in range(steps):
+                row.model.zero_grad(set_to_none=True)
+                start = time.thread_time()
+                case.loss(row.model).backward()
+                turn.append(time.thread_time() - start)
+            row.times.append(statistics.median(turn))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ref", default=RELEASE, help=f"the release's commit (default {RELEASE}, 0.3.0)")
+    parser.add_argument("--models", default="tiny,small,hf-llama,hf-qwen3-moe,tt-llama3",
+                        help=f"comma-separated, of {', '.join(MODELS)}")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds (each row takes one turn per round)")
+    parser.add_argument("--steps", type=int, default=3, help="steps per turn (their median is the turn's time)")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.models.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with release(args.ref) as ref, region_saves.keep_inputs_restored():
+            _compare(names, ref, args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(names: list[str], ref: ModuleType, args: argparse.Namespace) -> None:
+    """Print one table per model: every row's step time against the release's row for the same save list."""
+    for case in cases(names):
+        rows = measure(case, ref, args.rounds, args.steps)
+        print(f"\n{case.name}: sac2 now vs {args.ref}; torch {torch.__version__}, 1 thread, "
+              f"median of {args.rounds} rounds of {args.steps} steps")
+        print(f"  {'row':38s} {'step ms':>8s} {'vs ref':>7s} {'kept MiB':>9s}  grads equal to none")
+        for row in rows:
+            label = row.name.split(" regions ", 1)[1].split(",")[0]
+            base = statistics.median(next(r for r in rows if r.name == f"ref regions {label}").times)
+            ms = statistics.median(row.times)
+            print(f"  {row.name:38s} {ms * 1e3:8.2f} {ms / base:6.3f}x {row.kept / 2**20:9.2f}  "
+                  f"{'yes' if row.equal else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()

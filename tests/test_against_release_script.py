@@ -1,0 +1,66 @@
+"""``benchmarks/against_release.py`` runs end to end on the bench's tiny model: 0.3's regions and this checkout's
+side by side in one process, every row exact, the release's package gone afterwards. Timings are never asserted."""
+
+from __future__ import annotations
+
+import contextlib
+import copyreg
+import importlib.util
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "against_release.py"
+ROWS = ["ref regions matmuls", "now regions matmuls", "now regions matmuls, inputs kept", "ref regions attention",
+        "now regions attention", "now regions attention, inputs kept"]
+
+
+def _has_commit(commit: str) -> bool:
+    probe = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def run():
+    spec = importlib.util.spec_from_file_location("against_release", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(module)
+        if not _has_commit(module.RELEASE):
+            pytest.skip(f"this clone lacks {module.RELEASE} (0.3.0): a shallow clone")
+        reducers = dict(copyreg.dispatch_table)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            module.main(["--models", "tiny", "--rounds", "1", "--steps", "1"])
+        yield out.getvalue(), reducers
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def _rows(out: str) -> dict[str, tuple[float, str]]:
+    """Row name -> (kept MiB, grads equal)."""
+    found = re.findall(r"^  (.+?) +\d+\.\d\d +\d+\.\d{3}x +(\d+\.\d\d)  (yes|NO)$", out, re.M)
+    return {name: (float(kept), equal) for name, kept, equal in found}
+
+
+def test_prints_every_row_with_gradients_equal_to_no_checkpointing(run):
+    rows = _rows(run[0])
+    assert list(rows) == ROWS
+    assert {equal for _, equal in rows.values()} == {"yes"}
+
+
+def test_this_checkouts_default_regions_keep_less_than_the_releases(run):
+    rows = _rows(run[0])
+    assert rows["now regions matmuls"][0] < rows["ref regions matmuls"][0]
+
+
+def test_leaves_no_release_module_or_pickle_reducer_behind(run):
+    _, reducers = run
+    assert not [m for m in sys.modules if m.startswith("sac2_ref")]
+    assert dict(copyreg.dispatch_table) == reducers
