@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, messages, region_saves
+from sac2 import _compat, messages, shared_saves
 from sac2.answers import op_name
 from sac2.invariants import InternalError
 from sac2.keys import Key
@@ -39,7 +39,7 @@ class Record:
 
     __slots__ = (
         "log", "saved_at", "by_storage", "track", "wrote", "holders", "packed", "offloaded", "served", "draws",
-        "region_outputs",
+        "region_forward",
     )
 
     def __init__(self) -> None:
@@ -57,14 +57,13 @@ class Record:
         self.offloaded: list[Saved] = []  # entries answered CPU_OFFLOAD
         self.served: list[Saved] = []  # entries this recompute served and keeps for another
         self.draws: dict[int, tuple[torch.Generator, Tensor]] = {}
-        #: While the forward runs, what saved regions returned that stays on its device until backward
-        #: (``sac2.region_saves.note_outputs``); None where the user's saved-tensor hooks take what the record keeps.
-        self.region_outputs: region_saves.Outputs | None = None
+        #: While the forward runs, what its saved regions share (``sac2.shared_saves``); None otherwise.
+        self.region_forward: shared_saves.Forward | None = None
 
     def start_forward(self, hooks: Hooks | None) -> None:
         """The forward starts; ``hooks``: the user's saved-tensor hooks what it saves goes through, or None (then
         what saved regions return stays on its device until backward)."""
-        self.region_outputs = {} if hooks is None else None
+        self.region_forward = shared_saves.Forward(keep_outputs=hooks is None)
 
     def saves_anything(self) -> bool:
         """Whether the forward saved some op or region."""
@@ -84,8 +83,8 @@ class Record:
             if offloaded:
                 entry.offload_at_end()
                 self.offloaded.append(entry)
-            elif self.region_outputs is not None:
-                region_saves.note_outputs(self.region_outputs, out)
+            elif self.region_forward is not None:
+                shared_saves.note_outputs(self.region_forward, out)
         self.log.append(entry)
 
     def key_at(self, i: int) -> Key:
@@ -106,7 +105,7 @@ class Record:
     def end_forward(self, hooks: Hooks | None) -> None:
         """Recompute the saved outputs a later op wrote into (warned once), move offloaded entries to the host,
         and hand the rest to the user's saved-tensor hooks (``respect_saved_tensors_hooks=True``)."""
-        self.region_outputs = None
+        self.region_forward = None
         kept = []
         for i in self.saved_at:
             entry = self.log[i]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sac2 import _compat, messages, region_saves, writes
+from sac2 import _compat, messages, region_saves, shared_saves, writes
 from sac2.answers import SaveList, op_name
 from sac2.draws import rng_before, rng_moved
 from sac2.keys import PolicyOp, Region
@@ -47,7 +47,8 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool) -
     if not call.drawless:  # a matmul or Linear on plain tensors draws nothing: no generator state to read
         with _compat.no_modes():
             rng = rng_before(True, args, kwargs)
-    out, rebuilt = region_saves.run_saved(call, before, record.region_outputs)
+    forward = record.region_forward or shared_saves.Forward(keep_outputs=False)
+    out, rebuilt = region_saves.run_saved(call, before, forward)
     entry = Saved(key)
     entry.rebuilt = rebuilt
     written = writes.writes_of(key, args, kwargs, out, before)

@@ -5,9 +5,9 @@ A saved region keeps its backward state itself (it never runs in backward), but 
 Such a save goes to the checkpoint's pack hook beneath as an ordinary position, and when recompute serves the
 region it is rebuilt from the replayed input (the input itself, or ``as_strided`` of it) and packed at the same
 place. Anything else (a parameter, a tensor the body made, another dtype, partial overlap, an alias that is no view
-of the input's base) is kept for real, and so is an input the record keeps anyway: (a view of) what an earlier saved
-region returned (``note_outputs``), whose memory stays until backward, so rebuilding it would save no byte and cost
-a position. ``keep_inputs`` makes a region keep its inputs too (for inputs from a nondeterministic producer).
+of the input's base) is kept for real; what the forward's saved regions share (an earlier region's output, a view
+an earlier region's body saved) is ``sac2.shared_saves``. ``keep_inputs`` makes a region keep its inputs too (for
+inputs from a nondeterministic producer).
 
 Every save of a saved region's body passes through here, so the common cases (the input itself, a contiguous
 reshape of it, a parameter) read as few tensor attributes as they can: each costs a Python-to-C call.
@@ -16,7 +16,6 @@ reshape of it, a parameter) read as few tensor attributes as they can: each cost
 from __future__ import annotations
 
 import contextlib
-import weakref
 from typing import Any, Iterator
 
 import torch
@@ -25,10 +24,11 @@ from sac2 import _compat, messages
 from sac2.keys import Region
 from sac2.region_call import RegionCall
 from sac2.saved import Saved
+from sac2.shared_saves import Forward, Shared, kept_anyway
 
 __all__ = [
-    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "plain_inputs", "rebuilds", "note_outputs", "run_saved",
-    "rerun", "pack_rebuilt", "Rebuilt", "Outputs",
+    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "plain_inputs", "rebuilds", "run_saved", "rerun",
+    "pack_rebuilt", "Rebuilt",
 ]
 
 Tensor = torch.Tensor
@@ -39,10 +39,6 @@ Spec = tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, int, tuple[int
 #: What a saved region's record holds about the body saves recompute rebuilds: (their numbers among the body's
 #: saves, where each lives).
 Rebuilt = tuple[frozenset[int], tuple[Spec, ...]]
-#: What earlier saved regions of one forward returned, which the record keeps on its device until backward (written
-#: in place later or not: a region's entry is kept until recompute): a weak reference to the tensor each output is
-#: or views, by its id.
-Outputs = dict[int, "weakref.ref[Tensor]"]
 
 _keeping_inputs: set[str] = set()
 
@@ -81,24 +77,6 @@ def plain_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
 
 def _plain(t: object) -> bool:
     return type(t) is Tensor and t.layout is torch.strided and not t.is_nested
-
-
-def note_outputs(outputs: Outputs, out: Any) -> None:
-    """Note what a saved region returned (``out``) in ``outputs``, the record's: it stays on its device until
-    backward, so a later saved region's body keeps (a view of) it for real at no cost (``_Saves``)."""
-    for t in (out,) if type(out) is Tensor else _compat.tree_leaves(out):
-        if type(t) is Tensor:
-            base = _compat.view_base(t)
-            root = t if base is None else base
-            outputs[id(root)] = weakref.ref(root)
-
-
-def _kept_anyway(x: Tensor, outputs: Outputs) -> bool:
-    """Whether ``x`` is (a view of) a tensor in ``outputs``."""
-    base = _compat.view_base(x)
-    root = x if base is None else base
-    held = outputs.get(id(root))
-    return held is not None and held() is root
 
 
 def _extent(t: Tensor) -> int:
@@ -181,35 +159,40 @@ def _unpack_kept(p: Kept) -> Tensor:
 
 class _Saves:
     """The saved-tensor hooks a saved region's body runs under in forward: a save that is (a view of) an input goes
-    to the checkpoint's hooks beneath (which keep a position, not the tensor), anything else is kept for real.
-
-    What the checkpoint's pack hook returns is what autograd keeps: unpack tells it from a ``Kept`` by type.
+    to the checkpoint's hooks beneath (which keep a position, not the tensor), shared with an earlier save of the
+    same view (``sac2.shared_saves``); anything else is kept for real. Autograd keeps a ``Shared`` or a ``Kept``.
     """
 
-    def __init__(self, before: list[tuple[Tensor, int]], beneath: _compat.HookPair, outputs: Outputs) -> None:
+    def __init__(self, before: list[tuple[Tensor, int]], beneath: _compat.HookPair, forward: Forward) -> None:
         plain = [(t, v) for t, v in before if _plain(t)]
         self.inputs, self.versions = [t for t, _ in plain], tuple([v for _, v in plain])
         self.beneath_pack, self.beneath_unpack = beneath
-        self.outputs = outputs
+        self.forward = forward
         self.count = 0
         self.numbers: list[int] = []
         self.specs: list[Spec] = []
 
-    def pack(self, x: Tensor) -> object:
+    def pack(self, x: Tensor) -> Kept | Shared:
         n = self.count
         self.count = n + 1
         spec = rebuilds(x, self.inputs, self.versions)
-        if spec is None or (self.outputs and _kept_anyway(x, self.outputs)):
+        forward = self.forward
+        if spec is None or kept_anyway(x, forward):
             return (x, _compat.version(x), n)
-        self.numbers.append(n)
-        self.specs.append(spec)
-        return self.beneath_pack(x)
+        j = spec[0]
+        t, version = self.inputs[j], self.versions[j]
+        key = (id(t), spec[1], spec[2], spec[3])
+        shared = forward.position(key, t, version)
+        if shared is None:
+            self.numbers.append(n)
+            self.specs.append(spec)
+            shared = forward.positions[key] = Shared(self.beneath_pack(x), t, version)
+        return shared
 
-    def unpack(self, p: object) -> Tensor:
-        if type(p) is tuple:
-            return _unpack_kept(p)
-        t: Tensor = self.beneath_unpack(p)
-        return t
+    def unpack(self, p: Kept | Shared) -> Tensor:
+        if isinstance(p, Shared):
+            return p.unpack(self.beneath_unpack)
+        return _unpack_kept(p)
 
     def rebuilt(self) -> Rebuilt | None:
         return (frozenset(self.numbers), tuple(self.specs)) if self.numbers else None
@@ -236,20 +219,19 @@ class _Rerun:
         return t
 
 
-def run_saved(
-    call: RegionCall, before: list[tuple[Tensor, int]], outputs: Outputs | None
-) -> tuple[Any, Rebuilt | None]:
+def run_saved(call: RegionCall, before: list[tuple[Tensor, int]], forward: Forward) -> tuple[Any, Rebuilt | None]:
     """Run a saved region's body in forward (``before``: its tensor arguments with their versions): its backward
     state kept for real, except the saves recompute can rebuild from its inputs, which the checkpoint beneath keeps
-    as positions (unless the region keeps inputs, or the record keeps them anyway: ``outputs``, None for none)."""
+    as positions, shared with the forward's other saved regions (``forward``), unless the region keeps inputs."""
     beneath = None if keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
     if beneath is None:
         return call.run_under(_compat.as_is, _compat.as_is), None
-    saves = _Saves(before, beneath, outputs or {})
+    saves = _Saves(before, beneath, forward)
     try:
         out = call.run_under(saves.pack, saves.unpack)
     finally:
-        saves.inputs, saves.outputs = [], {}  # autograd keeps the hooks in its graph: they must not keep these
+        saves.inputs = []  # autograd keeps the hooks in its graph: they must not keep the inputs
+        del saves.forward
     return out, saves.rebuilt()
 
 

@@ -158,6 +158,46 @@ def test_what_a_saved_region_returned_is_kept_with_it_for_the_next_region_not_re
     assert bitwise_equal([p.grad for p in net.parameters()], [p.grad for p in reference.parameters()])
 
 
+class _Projections(nn.Module):
+    """sin, then three Linear regions on its output (as attention's q/k/v projections): ``q * k``, then ``v``."""
+
+    def __init__(self, between=lambda: None) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.between = between
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.sin()
+        qk = sac2.region(self.q, name="pr_q")(h) * sac2.region(self.k, name="pr_k")(h)
+        self.between()
+        return qk + sac2.region(self.v, name="pr_v")(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        saves = [sac2.Region("pr_q"), sac2.Region("pr_k"), sac2.Region("pr_v")]
+        context_fn = partial(sac2.create_selective_checkpoint_contexts, saves)
+        return sac2.checkpoint(self.body, x, use_reentrant=False, context_fn=context_fn)
+
+
+def test_regions_saving_one_input_share_its_position():
+    # q's, k's and v's bodies save the same view of h: one position, which q's takes, so recompute stops at the
+    # product (its saves are the last positions) and never reaches the code before v.
+    reached = []
+    net = _Projections(lambda: reached.append("between"))
+    net(torch.randn(8, 16, requires_grad=True)).sum().backward()
+    assert reached == ["between"]  # the forward only
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_regions_sharing_a_position_give_no_checkpointing_gradients(style):
+    x = torch.randn(8, 16)
+    reference, net = _Projections(), _Projections()
+    want = backward_in_style(style, reference.body(x.clone().requires_grad_()).sum(), list(reference.parameters()),
+                             [reference.q.weight])
+    got = backward_in_style(style, net(x.clone().requires_grad_()).sum(), list(net.parameters()), [net.q.weight])
+    assert bitwise_equal(got, want)
+
+
 def test_under_copying_hooks_a_saved_regions_output_is_not_kept_again_by_the_next_region():
     # The user's hooks take what the record keeps (respect_saved_tensors_hooks=True) and keep a copy: a later
     # region keeping the tensor itself would keep it a second time.
