@@ -7,6 +7,7 @@ region keeps what saving the same ops op by op keeps; ``keep_inputs`` keeps them
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 
 import pytest
@@ -188,13 +189,15 @@ def test_regions_saving_one_input_share_its_position():
     assert reached == ["between"]  # the forward only
 
 
+@pytest.mark.parametrize("torch_frame", [False, True], ids=["sac2_frame", "torch_frame"])
 @pytest.mark.parametrize("style", STYLES)
-def test_regions_sharing_a_position_give_no_checkpointing_gradients(style):
+def test_regions_sharing_a_position_give_no_checkpointing_gradients(style, torch_frame):
     x = torch.randn(8, 16)
     reference, net = _Projections(), _Projections()
     want = backward_in_style(style, reference.body(x.clone().requires_grad_()).sum(), list(reference.parameters()),
                              [reference.q.weight])
-    got = backward_in_style(style, net(x.clone().requires_grad_()).sum(), list(net.parameters()), [net.q.weight])
+    with sac2.use_torch_frame() if torch_frame else contextlib.nullcontext():
+        got = backward_in_style(style, net(x.clone().requires_grad_()).sum(), list(net.parameters()), [net.q.weight])
     assert bitwise_equal(got, want)
 
 
