@@ -157,6 +157,22 @@ def _unpack_kept(p: Kept) -> Tensor:
     return t
 
 
+class _KeepAll:
+    """The saved-tensor hooks of a saved region's body that keeps every save for real (``keep_inputs``), each with
+    its version: autograd checks none through hooks, so a write into a kept tensor before backward would be silently
+    read (``_unpack_kept`` raises autograd's error instead)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def pack(self, x: Tensor) -> Kept:
+        n = self.count
+        self.count = n + 1
+        return (x, _compat.version(x), n)
+
+
 class _Saves:
     """The saved-tensor hooks a saved region's body runs under in forward: a save that is (a view of) an input goes
     to the checkpoint's hooks beneath (which keep a position, not the tensor), shared with an earlier save of the
@@ -225,7 +241,7 @@ def run_saved(call: RegionCall, before: list[tuple[Tensor, int]], forward: Forwa
     as positions, shared with the forward's other saved regions (``forward``), unless the region keeps inputs."""
     beneath = None if keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
     if beneath is None:
-        return call.run_under(_compat.as_is, _compat.as_is), None
+        return call.run_under(_KeepAll().pack, _unpack_kept), None
     saves = _Saves(before, beneath, forward)
     try:
         out = call.run_under(saves.pack, saves.unpack)

@@ -217,8 +217,11 @@ def test_under_copying_hooks_a_saved_regions_output_is_not_kept_again_by_the_nex
     assert kept - rebuilt >= 4096 * 16 * 4
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["rebuilt", "keep_inputs"])
 @pytest.mark.parametrize("style", STYLES)
-def test_an_input_written_in_place_after_the_region_is_autograds_error(style):
+def test_an_input_written_in_place_after_the_region_is_autograds_error(style, keep, keeping_ri_a):
+    keeping_ri_a(keep)
+
     def run(checkpointed: bool) -> None:
         net = _Net()
         x = torch.randn(8, 16, requires_grad=True)
@@ -237,6 +240,35 @@ def test_an_input_written_in_place_after_the_region_is_autograds_error(style):
         run(False)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         run(True)
+
+
+@pytest.fixture
+def keeping_ri_a():
+    """Set ``keep_inputs`` of region ``ri_a`` for one test; rebuilt again afterwards."""
+    try:
+        yield lambda keep: region_saves.keep_inputs(["ri_a"], keep)
+    finally:
+        region_saves.keep_inputs(["ri_a"], False)
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["rebuilt", "keep_inputs"])
+def test_a_saved_regions_output_written_in_place_before_backward_is_autograds_error(keep, keeping_ri_a):
+    # attention saves its own output for backward: a later write into it is autograd's error without checkpointing
+    keeping_ri_a(keep)
+    q = torch.randn(1, 2, 8, 4, requires_grad=True)
+
+    def body(q):
+        attention = sac2.region(torch.nn.functional.scaled_dot_product_attention, name="ri_a")
+        out = attention(q, q, q)
+        y = out.sum()
+        out.mul_(2)
+        return y
+
+    context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("ri_a")])
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        body(q.detach().requires_grad_()).backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        sac2.checkpoint(body, q, use_reentrant=False, context_fn=context_fn).backward()
 
 
 @pytest.fixture
