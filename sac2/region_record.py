@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sac2 import _compat, messages, region_saves, shared_saves, writes
+from sac2 import _compat, messages, region_saves, writes
 from sac2.answers import SaveList, op_name
 from sac2.draws import rng_before, rng_moved
+from sac2.invariants import InternalError
 from sac2.keys import PolicyOp, Region
 from sac2.notices import count_forward, warn_once
 from sac2.record import Record
@@ -47,7 +48,9 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool) -
     if not call.drawless:  # a matmul or Linear on plain tensors draws nothing: no generator state to read
         with _compat.no_modes():
             rng = rng_before(True, args, kwargs)
-    forward = record.region_forward or shared_saves.Forward(keep_outputs=False)
+    forward = record.region_forward
+    if forward is None:  # both forward contexts start it on entry
+        raise InternalError(messages.internal_error(messages.NOT_IN_FORWARD))
     out, rebuilt = region_saves.run_saved(call, before, forward)
     entry = Saved(key)
     entry.rebuilt = rebuilt

@@ -13,7 +13,7 @@ __all__ = [
     "DEVICE_INITIALIZED_IN_FORWARD", "bad_determinism_check", "FRAME_YIELDED_TWICE", "saved_tensor_modified",
     "internal_error", "not_a_generator", "debug_trace", "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
     "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
-    "NO_GRADIENT", "saved_tensor_written_after_forward", "unpack_hook_returned",
+    "NO_GRADIENT", "NOT_IN_FORWARD", "saved_tensor_written_after_forward", "unpack_hook_returned",
     "checkpoint_input_modified", "illegal_transition",
 ]
 
@@ -98,6 +98,7 @@ COMPOSE_EMPTY = "compose holds no policy (its constructor requires one)"
 PROFILER_NOT_RUN = "allocation sizes were read from a profiler that has not run and stopped"
 COPY_BACK_NOT_STARTED = "an offloaded entry was waited for before its copy back started"
 NO_GRADIENT = "a tensor that requires grad has no gradient after its backward"
+NOT_IN_FORWARD = "a saved region was recorded while its record's forward was not running"
 
 
 def illegal_transition(state: str, to: str) -> str:
