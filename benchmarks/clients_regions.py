@@ -49,6 +49,7 @@ import sac2
 from sac2 import region_saves
 from sac2.bench.memory import measure_step
 from sac2.bench.output import pareto_front
+from sac2.bench.rotation import turns
 from sac2.model_regions import region_name_of
 
 MODELS = ("hf-llama", "hf-qwen3-moe", "tt-llama3")
@@ -307,7 +308,7 @@ def bench_model(spec: Model, rounds: int) -> list[Row]:
         copies[name].zero_grad(set_to_none=True)
         spec.loss(copies[name]).backward()
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in (names[i] for i in turns(r, len(names))):
             model = copies[name]
             model.zero_grad(set_to_none=True)
             before[name]()

@@ -46,6 +46,7 @@ from torch import nn
 import sac2
 from sac2.bench.checkpoint_modes import remat_available
 from sac2.bench.models import CONFIGS, REGION_NAMES, Block, ModelConfig, RegionWrap
+from sac2.bench.rotation import turns
 from sac2.policies import llm_save_list
 
 #: The workloads: a stack of ``n_layers`` blocks of each config.
@@ -211,7 +212,7 @@ def measure(cfg: ModelConfig, rounds: int, min_sample_s: float = 0.05) -> dict[s
     iters = max(1, round(min_sample_s / max(time.thread_time() - start, 1e-6))) if min_sample_s else 1
     samples: dict[str, list[float]] = {mode.name: [] for mode in rows}
     for r in range(rounds):
-        for mode in rows[r % len(rows):] + rows[: r % len(rows)]:
+        for mode in (rows[i] for i in turns(r, len(rows))):
             stack = stacks[mode.blocks]
             start = time.thread_time()
             for _ in range(iters):

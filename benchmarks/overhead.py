@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sac2
 from sac2.bench.length_curve import curve
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
+from sac2.bench.rotation import turns
 from sac2.policies import llm_save_list
 
 CHAIN_LEN = 100
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         for run in modes.values():  # warm up every path once
             step(run)
         for r in range(args.repeat):
-            for name in names[r % len(names):] + names[: r % len(names)]:
+            for name in (names[i] for i in turns(r, len(names))):
                 start = time.thread_time()
                 for _ in range(iters):
                     step(modes[name])

@@ -2,7 +2,7 @@
 
 Each candidate setup (no checkpointing, full AC, ``apply_ac`` selective with ``llm()``, stock SAC with the same
 list as the reference, one-line regions, memory budgets) gets its own deep copy of the user's model; they run on the
-same inputs side by side in one process, taking turns step by step (``sac2.bench.job.turns``), as ``sac2 bench``
+same inputs side by side in one process, taking turns step by step (``sac2.bench.rotation.turns``), as ``sac2 bench``
 does. Step 0 of each measures memory (``sac2.bench.memory.measure_step``: kept = allocated by forward and alive when
 backward starts) and is not timed; every step's loss and gradients are compared with no checkpointing's, bit for
 bit. The answer (``sac2.advice.Advice``) holds the rows, the Pareto front of step time against kept bytes, and the
@@ -26,7 +26,8 @@ from sac2._compat import tree_map
 from sac2.advice import Advice, recommend
 from sac2.apply import apply_ac
 from sac2.bench.determinism import deterministic_kernels
-from sac2.bench.job import Progress, Result, grads_equal, take_step, turns
+from sac2.bench.job import Progress, Result, grads_equal, take_step
+from sac2.bench.rotation import turns
 from sac2.policies import llm
 from sac2.policies.budget import MemoryBudget, memory_budget
 

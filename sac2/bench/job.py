@@ -26,8 +26,9 @@ from sac2.bench.checkpoint_modes import Row, remat_available, rows
 from sac2.bench.determinism import deterministic_kernels
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
+from sac2.bench.rotation import turns
 
-__all__ = ["Result", "run", "turns", "take_step", "grads_equal", "Progress", "COMPILE_BACKEND", "ATOL", "RTOL"]
+__all__ = ["Result", "run", "take_step", "grads_equal", "Progress", "COMPILE_BACKEND", "ATOL", "RTOL"]
 
 #: The backend ``compile`` uses unless ``backend`` says otherwise: torch.compile's default.
 COMPILE_BACKEND = "inductor"
@@ -70,13 +71,6 @@ class Progress:
 
 
 _Progress = Progress  # the name tests/test_bench.py uses
-
-
-def turns(step: int, n: int) -> list[int]:
-    """The order in which ``n`` side-by-side runs take step ``step``: rotated by one each step, so drift in machine
-    speed hits every run alike (``sac2.advise`` interleaves its setups the same way)."""
-    shift = step % n
-    return [*range(shift, n), *range(shift)]
 
 
 def _same(a: torch.Tensor | None, b: torch.Tensor | None, bitwise: bool) -> bool:

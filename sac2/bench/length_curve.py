@@ -18,6 +18,7 @@ import torch.utils.checkpoint as tuc
 import sac2
 from sac2 import messages
 from sac2.answers import Policy
+from sac2.bench.rotation import turns
 from sac2.invariants import InternalError
 
 __all__ = ["CURVE_LENGTHS", "CURVE_SAVE_LIST", "curve", "format_curve", "stock_sac", "sac2_sac"]
@@ -84,7 +85,7 @@ def curve(lengths: Sequence[int] = CURVE_LENGTHS, repeat: int = 5) -> dict[str, 
                 grads[name] = _grad_of(x).clone()  # later samples accumulate into x.grad in place
             samples: dict[str, list[float]] = {name: [] for name in names}
             for r in range(repeat):
-                for name in names[r % len(names):] + names[: r % len(names)]:
+                for name in (names[i] for i in turns(r, len(names))):
                     start = time.thread_time()
                     for _ in range(iters):
                         modes[name](chain, x).sum().backward()
