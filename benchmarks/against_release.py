@@ -4,7 +4,8 @@ The release is the ``sac2`` package of a git commit (default: 0.3.0's, the basel
 unpacked from this repository with ``git archive`` into a temporary folder and imported as ``sac2_ref`` (every
 ``sac2`` name in its sources renamed), so both run in one process on copies of one model and take turns step by
 step in a rotating order (medians of per-turn medians; this thread's CPU time, one thread). Rows, for each save list
-of the region rows (``attention`` + ``linear`` (+ ``experts`` on client models), and ``attention``):
+of ``benchmarks/clients_regions.py``'s region rows (``attention``; ``attention`` + ``linear`` + ``experts``, which
+is ``apply_ac``'s default):
 
 - ``ref``: ``sac2_ref.apply_ac(model, "regions", save=...)``;
 - ``now``: ``sac2.apply_ac(model, "regions", save=...)`` (inputs rebuilt in recompute, the default);
@@ -48,11 +49,11 @@ from sac2 import region_saves
 from sac2.bench.job import grads_equal
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
+from sac2.bench.rotation import turns
 from sac2.model_regions import region_name_of
 
 #: 0.3.0's commit: the release the issues compare step times with.
 RELEASE = "7f4cc5b"
-SAVES = {"matmuls": ["attention", "linear", "experts"], "attention": ["attention"]}
 #: The bench's configs, then ``benchmarks/clients_regions.py``'s client models.
 MODELS = ["tiny", "small", "hf-llama", "hf-qwen3-moe", "tt-llama3"]
 
@@ -81,8 +82,10 @@ def release(commit: str) -> Iterator[ModuleType]:
             copyreg.dispatch_table.update(reducers)
 
 
+@functools.cache
 def _clients_regions() -> Any:
-    """``benchmarks/clients_regions.py``, a sibling script (not a package): its client models."""
+    """``benchmarks/clients_regions.py``, a sibling script (not a package): its client models and the save lists of
+    its region rows (``SAVES``), the rows compared here."""
     path = pathlib.Path(__file__).with_name("clients_regions.py")
     spec = importlib.util.spec_from_file_location("clients_regions", path)
     if spec is None or spec.loader is None:
@@ -135,8 +138,10 @@ def cases(names: list[str]) -> list[Case]:
 @dataclass
 class Row:
     name: str
+    label: str  # its save list's name in ``clients_regions.SAVES``
     model: nn.Module
     before: Callable[[], None]
+    release: bool = False  # the release's row, the others' baseline
     times: list[float] = field(default_factory=list)
     kept: int = 0
     equal: bool = False
@@ -145,16 +150,16 @@ class Row:
 def _rows(case: Case, ref: ModuleType) -> list[Row]:
     base = case.build()
     rows = []
-    for label, save in SAVES.items():
+    for label, save in _clients_regions().SAVES.items():
         model = copy.deepcopy(base)
         ref.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
-        rows.append(Row(f"ref regions {label}", model, lambda: None))
+        rows.append(Row(f"ref regions {label}", label, model, lambda: None, release=True))
         for keep in (False, True):
             model = copy.deepcopy(base)
             sac2.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
             names = {region_name_of(m) for m in model.modules()} - {None}
             before = functools.partial(region_saves.keep_inputs, names, keep)
-            rows.append(Row(f"now regions {label}{', inputs kept' if keep else ''}", model, before))
+            rows.append(Row(f"now regions {label}{', inputs kept' if keep else ''}", label, model, before))
     reference = copy.deepcopy(base)
     want = case.loss(reference)
     want.backward()
@@ -169,7 +174,8 @@ def _rows(case: Case, ref: ModuleType) -> list[Row]:
 def measure(case: Case, ref: ModuleType, rounds: int, steps: int) -> list[Row]:
     rows = _rows(case, ref)
     for r in range(rounds):
-        for row in rows[r % len(rows):] + rows[: r % len(rows)]:
+        for i in turns(r, len(rows)):
+            row = rows[i]
             row.before()
             turn = []
             for _ in range(steps):
@@ -209,11 +215,10 @@ def _compare(names: list[str], ref: ModuleType, args: argparse.Namespace) -> Non
         print(f"\n{case.name}: sac2 now vs {args.ref}; torch {torch.__version__}, 1 thread, "
               f"median of {args.rounds} rounds of {args.steps} steps")
         print(f"  {'row':38s} {'step ms':>8s} {'vs ref':>7s} {'kept MiB':>9s}  grads equal to none")
+        released = {row.label: statistics.median(row.times) for row in rows if row.release}
         for row in rows:
-            label = row.name.split(" regions ", 1)[1].split(",")[0]
-            base = statistics.median(next(r for r in rows if r.name == f"ref regions {label}").times)
             ms = statistics.median(row.times)
-            print(f"  {row.name:38s} {ms * 1e3:8.2f} {ms / base:6.3f}x {row.kept / 2**20:9.2f}  "
+            print(f"  {row.name:38s} {ms * 1e3:8.2f} {ms / released[row.label]:6.3f}x {row.kept / 2**20:9.2f}  "
                   f"{'yes' if row.equal else 'NO'}")
 
 

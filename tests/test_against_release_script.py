@@ -16,8 +16,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "against_release.py"
-ROWS = ["ref regions matmuls", "now regions matmuls", "now regions matmuls, inputs kept", "ref regions attention",
-        "now regions attention", "now regions attention, inputs kept"]
+ROWS = ["ref regions attention", "now regions attention", "now regions attention, inputs kept",
+        "ref regions matmuls", "now regions matmuls", "now regions matmuls, inputs kept"]
 
 
 def _has_commit(commit: str) -> bool:
