@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from sac2 import _compat, keys, messages, region_saves
+from sac2 import _compat, keys, messages, region_saves, writes
 from sac2._compat import TorchDispatchMode, tree_leaves
 from sac2.answers import CheckpointPolicy, Policy, PolicyFn, SelectiveCheckpointContext, as_policy, is_save, op_name
 from sac2.checkpointing import checkpoint
@@ -187,13 +187,12 @@ class _Profiling(CachingMode):
         self.region_state[n], self.region_rebuilt[n] = state, rebuilt
         # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_saves``).
         key = call.key
-        inputs = [] if region_saves.keeps_inputs(key) else region_saves.plain_inputs(call.args, call.kwargs)
-        versions = _compat.versions(inputs)
+        inputs = [] if region_saves.keeps_inputs(key) else writes.tensor_versions(call.args, call.kwargs)
 
         def note(t: Tensor) -> Tensor:
             if _compat.parameter_of(t) is not None:
                 return t  # a parameter the body reads (or a view of one) is not an activation
-            if not inputs or region_saves.rebuilds(t, inputs, versions) is None:
+            if not inputs or region_saves.rebuilds(t, inputs) is None:
                 state.append(t)
             else:
                 rebuilt.append(t)

@@ -18,8 +18,6 @@ import threading
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from sac2 import _compat, messages, region_saves, writes
 from sac2.answers import SaveList, op_name
 from sac2.draws import rng_before, rng_moved
@@ -81,13 +79,14 @@ def replay_region(record: Record, i: int, call: RegionCall) -> Any:
         warn_once("modified-after-region", key, messages.stale_after_region(record.describe(i)))
         return region_saves.rerun(entry, call)
     rebuilt: region_saves.Rebuilt | None = entry.rebuilt
-    if rebuilt is None:
-        with torch.no_grad(), _compat.no_modes():  # a region runs above autograd and the modes
-            return record.serve(i, args, kwargs)
-    with torch.no_grad(), _compat.no_modes():
-        # First: the checkpoint may stop recomputing once the last one is back.
-        if region_saves.pack_rebuilt(rebuilt, region_saves.plain_inputs(args, kwargs)):
-            return record.serve(i, args, kwargs)
+    grad_was = _compat.set_grad_enabled(False)  # a region runs above autograd and the modes
+    try:
+        with _compat.no_modes():
+            # First what recompute rebuilds: the checkpoint may stop recomputing once the last one is back.
+            if rebuilt is None or region_saves.pack_rebuilt(rebuilt, region_saves.tensor_args(args, kwargs)):
+                return record.serve(i, args, kwargs)
+    finally:
+        _compat.set_grad_enabled(grad_was)
     return region_saves.rerun(entry, call)  # an input came back with another layout: run the body again
 
 

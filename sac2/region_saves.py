@@ -27,7 +27,7 @@ from sac2.saved import Saved
 from sac2.shared_saves import Forward, Shared, kept_anyway
 
 __all__ = [
-    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "plain_inputs", "rebuilds", "run_saved", "rerun",
+    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "tensor_args", "rebuilds", "run_saved", "rerun",
     "pack_rebuilt", "Rebuilt",
 ]
 
@@ -69,13 +69,15 @@ def keeps_inputs(key: Region) -> bool:
     return key.name in _keeping_inputs
 
 
-def plain_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
-    """The tensor leaves of a call that recompute can rebuild body saves from: plain strided tensors (a wrapper
-    subclass such as DTensor has no real storage to compare)."""
-    return [t for t in _compat.call_leaves(args, kwargs) if _plain(t)]
+def tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """The tensor leaves of a call, in the order ``sac2.writes.tensor_versions`` gives them: what a ``Spec``'s input
+    position counts."""
+    return [t for t in _compat.call_leaves(args, kwargs) if isinstance(t, Tensor)]
 
 
-def _plain(t: object) -> bool:
+def _plain(t: Tensor) -> bool:
+    """Whether recompute can rebuild a save from ``t``: a plain strided tensor (a wrapper subclass such as DTensor
+    has no real storage to compare, and a parameter is kept anyway: autograd's graph holds it)."""
     return type(t) is Tensor and t.layout is torch.strided and not t.is_nested
 
 
@@ -99,28 +101,33 @@ def _dense(t: Tensor) -> bool:
     return True
 
 
-def rebuilds(x: Tensor, inputs: list[Tensor], versions: tuple[int, ...]) -> Spec | None:
-    """Where ``x``, a tensor a region's body saves, lives inside one of the region's ``inputs`` (``versions``: theirs
-    when the call started), so that recompute can rebuild it from the replayed input; None when it must be kept for
-    real.
+def rebuilds(x: Tensor, inputs: list[tuple[Tensor, int]]) -> Spec | None:
+    """Where ``x``, a tensor a region's body saves, lives inside one of the region's tensor arguments (``inputs``:
+    each with its version when the call started), so that recompute can rebuild it from the replayed input; None
+    when it must be kept for real.
 
-    It is an input itself, or a view of what an input views, of the same dtype and inside the input's memory:
+    It is a plain input itself, or a view of what one views, of the same dtype and inside the input's memory:
     anywhere between its first and last element for a dense input, with its exact layout otherwise; and the input
     is unchanged since the call started (else recompute, which replays the input's producer, would not see the
-    write).
+    write). A parameter or a view of one (a Linear's transposed weight) is kept: autograd's graph holds it anyway.
     """
-    for j, t in enumerate(inputs):  # the input itself, the common case: no layout to read
+    for j, (t, version) in enumerate(inputs):  # the input itself, the common case: no layout to read
         if x is t:
-            return (j, None, None, 0, t.shape, t.stride()) if _compat.version(x) == versions[j] else None
-    base = _compat.view_base(x)
-    if base is None:
-        return None  # a parameter, or a tensor the body made
-    for j, t in enumerate(inputs):
-        if (t is base or _compat.view_base(t) is base) and x.dtype == t.dtype and _compat.version(x) == versions[j]:
+            if _version(x) != version or not _plain(t) or type(_view_base(t)) is _Parameter:
+                return None
+            return (j, None, None, 0, t.shape, t.stride())
+    base = _view_base(x)
+    if base is None or type(base) is _Parameter:
+        return None  # a tensor the body made, or a parameter's view
+    for j, (t, version) in enumerate(inputs):
+        if (t is base or _view_base(t) is base) and x.dtype == t.dtype and _version(x) == version and _plain(t):
             spec = _inside(x, t)
             if spec is not None:
                 return (j, *spec, t.shape, t.stride())
     return None
+
+
+_version, _view_base, _Parameter = _compat.version, _compat.view_base, torch.nn.Parameter
 
 
 def _inside(x: Tensor, t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
@@ -179,11 +186,12 @@ class _Saves:
     same view (``sac2.shared_saves``); anything else is kept for real. Autograd keeps a ``Shared`` or a ``Kept``.
     """
 
-    def __init__(self, before: list[tuple[Tensor, int]], beneath: _compat.HookPair, forward: Forward) -> None:
-        plain = [(t, v) for t, v in before if _plain(t)]
-        self.inputs, self.versions = [t for t, _ in plain], tuple([v for _, v in plain])
+    __slots__ = ("inputs", "beneath_pack", "beneath_unpack", "forward", "count", "numbers", "specs")
+
+    def __init__(self, inputs: list[tuple[Tensor, int]], beneath: _compat.HookPair, forward: Forward) -> None:
+        self.inputs = inputs  # the call's tensor arguments, each with its version when it started
         self.beneath_pack, self.beneath_unpack = beneath
-        self.forward = forward
+        self.forward: Forward | None = forward
         self.count = 0
         self.numbers: list[int] = []
         self.specs: list[Spec] = []
@@ -191,12 +199,11 @@ class _Saves:
     def pack(self, x: Tensor) -> Kept | Shared:
         n = self.count
         self.count = n + 1
-        spec = rebuilds(x, self.inputs, self.versions)
+        spec = rebuilds(x, self.inputs)
         forward = self.forward
-        if spec is None or kept_anyway(x, forward):
-            return (x, _compat.version(x), n)
-        j = spec[0]
-        t, version = self.inputs[j], self.versions[j]
+        if spec is None or forward is None or kept_anyway(x, forward):
+            return (x, _version(x), n)
+        t, version = self.inputs[spec[0]]
         key = (id(t), spec[1], spec[2], spec[3])
         shared = forward.position(key, t, version)
         if shared is None:
@@ -247,7 +254,7 @@ def run_saved(call: RegionCall, before: list[tuple[Tensor, int]], forward: Forwa
         out = call.run_under(saves.pack, saves.unpack)
     finally:
         saves.inputs = []  # autograd keeps the hooks in its graph: they must not keep the inputs
-        del saves.forward
+        saves.forward = None
     return out, saves.rebuilt()
 
 
@@ -263,10 +270,10 @@ def rerun(entry: Saved, call: RegionCall) -> Any:
 
 
 def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
-    """Serving a saved region in recompute: rebuild each save forward handed to the checkpoint from the replayed
-    ``inputs`` and hand it to the checkpoint's recompute hooks, in forward's order, at the region's place. False,
-    packing nothing, when an input it lives in came back with another layout than in forward (then the body runs
-    again: ``rerun``)."""
+    """Serving a saved region in recompute, in no-grad mode (the views are backward's to read: no autograd node for
+    them): rebuild each save forward handed to the checkpoint from the replayed ``inputs`` (``tensor_args``) and
+    hand it to the checkpoint's recompute hooks, in forward's order, at the region's place. False, packing nothing,
+    when an input it lives in came back with another layout than in forward (then the body runs again: ``rerun``)."""
     specs = rebuilt[1]
     for j, _, _, _, size, stride in specs:
         if j >= len(inputs) or inputs[j].shape != size or inputs[j].stride() != stride:
@@ -275,17 +282,10 @@ def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
     if top is None:
         return True
     pack = top[0]
-    grad_was: bool | None = None
-    try:
-        for j, view_size, view_stride, offset, _, _ in specs:
-            t = inputs[j]
-            if view_size is None or view_stride is None:
-                pack(t)  # the input itself
-                continue
-            if grad_was is None:  # the views are backward's to read: no autograd node for them
-                grad_was = _compat.set_grad_enabled(False)
+    for j, view_size, view_stride, offset, _, _ in specs:
+        t = inputs[j]
+        if view_size is None or view_stride is None:
+            pack(t)  # the input itself
+        else:
             pack(t.as_strided(view_size, view_stride, t.storage_offset() + offset))
-    finally:
-        if grad_was is not None:
-            _compat.set_grad_enabled(grad_was)
     return True

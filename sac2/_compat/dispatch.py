@@ -30,7 +30,8 @@ __all__ = [
 # Removable: ``torch.utils._python_dispatch`` becomes public.
 TorchDispatchMode = _pd.TorchDispatchMode
 _ADInplaceOrView = torch._C.DispatchKey.ADInplaceOrView
-_ExcludeGuard = torch._C._SetExcludeDispatchKeyGuard
+_is_excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+_set_excluded = torch._C._dispatch_tls_set_dispatch_key_excluded
 
 
 def detach_keeping_version(t: torch.Tensor) -> torch.Tensor:
@@ -39,10 +40,19 @@ def detach_keeping_version(t: torch.Tensor) -> torch.Tensor:
     The version counter lets sac2 see later in-place writes; no autograd metadata lets autograd treat the
     tensor as a fresh output (view ops call ``as_view`` on it) when it is served in recompute.
 
+    Below autograd (a dispatch mode's handler) ADInplaceOrView, whose detach shares the counter, is excluded: it
+    is included again for the call. Elsewhere (the region paths, once per served region) nothing is to change, and
+    a guard object would cost more than the detach.
+
     Removable: a public detach that keeps the version counter below autograd exists.
     """
-    with _ExcludeGuard(_ADInplaceOrView, False):
+    if not _is_excluded(_ADInplaceOrView):
         return t.detach()
+    _set_excluded(_ADInplaceOrView, False)
+    try:
+        return t.detach()
+    finally:
+        _set_excluded(_ADInplaceOrView, True)
 
 
 _get_mode = torch._C._get_dispatch_mode
