@@ -9,7 +9,10 @@ is ``apply_ac``'s default):
 
 - ``ref``: ``sac2_ref.apply_ac(model, "regions", save=...)``;
 - ``now``: ``sac2.apply_ac(model, "regions", save=...)`` (inputs rebuilt in recompute, the default);
-- ``now, inputs kept``: the same with ``keep_inputs=True`` (as the release kept them).
+- ``now, inputs kept``: the same with ``keep_inputs=True`` (as the release kept them);
+- ``now, experts modules`` (MoE models): ``"experts"`` replaced by the experts module classes, which makes each
+  experts call one region as the release's ``"experts"`` did (now it names their matmul calls, whose routing
+  recompute runs again).
 
 Memory: one untimed step per row under ``sac2.bench.memory.measure_step`` (kept = allocated by forward and alive
 when backward starts): a row the release runs differently (a call it did not make a region) shows there.
@@ -147,19 +150,39 @@ class Row:
     equal: bool = False
 
 
+def _experts_classes(model: nn.Module) -> list[type]:
+    """The MoE experts module classes in ``model`` as the release's ``"experts"`` matched them: class name ending in
+    ``Experts``, the innermost where experts hold experts (torchtitan's ``RoutedExperts``)."""
+
+    def experts(m: nn.Module) -> bool:
+        return type(m).__name__.endswith("Experts")
+
+    inner = {type(m) for m in model.modules() if experts(m) and not any(experts(c) for c in list(m.modules())[1:])}
+    return sorted(inner, key=str)
+
+
+def _now_row(base: nn.Module, case: Case, name: str, label: str, save: list[Any] | None, keep: bool) -> Row:
+    model = copy.deepcopy(base)
+    sac2.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
+    names = {region_name_of(m) for m in model.modules()} - {None}
+    return Row(name, label, model, functools.partial(region_saves.keep_inputs, names, keep))
+
+
 def _rows(case: Case, ref: ModuleType) -> list[Row]:
     base = case.build()
     rows = []
+    experts = _experts_classes(base)
     for label, save in _clients_regions().SAVES.items():
         model = copy.deepcopy(base)
         ref.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
         rows.append(Row(f"ref regions {label}", label, model, lambda: None, release=True))
         for keep in (False, True):
-            model = copy.deepcopy(base)
-            sac2.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
-            names = {region_name_of(m) for m in model.modules()} - {None}
-            before = functools.partial(region_saves.keep_inputs, names, keep)
-            rows.append(Row(f"now regions {label}{', inputs kept' if keep else ''}", label, model, before))
+            rows.append(_now_row(base, case, f"now regions {label}{', inputs kept' if keep else ''}", label, save,
+                                 keep))
+        if save is not None and "experts" in save and experts:
+            # The release's "experts" made each experts module one region; now it names their matmul calls.
+            modules = [t for t in save if t != "experts"] + experts
+            rows.append(_now_row(base, case, f"now regions {label}, experts modules", label, modules, False))
     reference = copy.deepcopy(base)
     want = case.loss(reference)
     want.backward()
@@ -214,11 +237,11 @@ def _compare(names: list[str], ref: ModuleType, args: argparse.Namespace) -> Non
         rows = measure(case, ref, args.rounds, args.steps)
         print(f"\n{case.name}: sac2 now vs {args.ref}; torch {torch.__version__}, 1 thread, "
               f"median of {args.rounds} rounds of {args.steps} steps")
-        print(f"  {'row':38s} {'step ms':>8s} {'vs ref':>7s} {'kept MiB':>9s}  grads equal to none")
+        print(f"  {'row':44s} {'step ms':>8s} {'vs ref':>7s} {'kept MiB':>9s}  grads equal to none")
         released = {row.label: statistics.median(row.times) for row in rows if row.release}
         for row in rows:
             ms = statistics.median(row.times)
-            print(f"  {row.name:38s} {ms * 1e3:8.2f} {ms / released[row.label]:6.3f}x {row.kept / 2**20:9.2f}  "
+            print(f"  {row.name:44s} {ms * 1e3:8.2f} {ms / released[row.label]:6.3f}x {row.kept / 2**20:9.2f}  "
                   f"{'yes' if row.equal else 'NO'}")
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "against_release.py"
@@ -26,21 +27,26 @@ def _has_commit(commit: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def run():
+def script():
     spec = importlib.util.spec_from_file_location("against_release", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     try:
         spec.loader.exec_module(module)
-        if not _has_commit(module.RELEASE):
-            pytest.skip(f"this clone lacks {module.RELEASE} (0.3.0): a shallow clone")
-        reducers = dict(copyreg.dispatch_table)
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            module.main(["--models", "tiny", "--rounds", "1", "--steps", "1"])
-        yield out.getvalue(), reducers
+        yield module
     finally:
         sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def run(script):
+    if not _has_commit(script.RELEASE):
+        pytest.skip(f"this clone lacks {script.RELEASE} (0.3.0): a shallow clone")
+    reducers = dict(copyreg.dispatch_table)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        script.main(["--models", "tiny", "--rounds", "1", "--steps", "1"])
+    return out.getvalue(), reducers
 
 
 def _rows(out: str) -> dict[str, tuple[float, str]]:
@@ -64,3 +70,20 @@ def test_leaves_no_release_module_or_pickle_reducer_behind(run):
     _, reducers = run
     assert not [m for m in sys.modules if m.startswith("sac2_ref")]
     assert dict(copyreg.dispatch_table) == reducers
+
+
+class GroupedExperts(nn.Module):
+    pass
+
+
+class RoutedExperts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = GroupedExperts()
+
+
+def test_experts_row_names_the_experts_classes_the_release_made_regions(script):
+    # As 0.3's "experts": class names ending in Experts, the inner ones where experts hold experts.
+    model = nn.Sequential(RoutedExperts(), nn.Linear(2, 2), nn.Sequential(GroupedExperts()))
+    assert script._experts_classes(model) == [GroupedExperts]
+    assert script._experts_classes(nn.Linear(2, 2)) == []
