@@ -32,9 +32,9 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-#: Where a tensor a saved region's body saved lives in the call's inputs: (input position, size, stride, offset
-#: from the input's first element; size and stride None for the input itself, the input's size, the input's
-#: stride).
+#: Where a tensor a saved region's body saved lives in the call's inputs: (the input's position among the call's
+#: tensor arguments, ``tensor_args``; size, stride, offset from the input's first element, size and stride None for
+#: the input itself; the input's size, the input's stride).
 Spec = tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, int, tuple[int, ...], tuple[int, ...]]
 #: What a saved region's record holds about the body saves recompute rebuilds: (their numbers among the body's
 #: saves, where each lives).
