@@ -4,8 +4,8 @@ A saved region keeps its backward state itself (it never runs in backward), but 
 (a view of) one of the region's own inputs need not be kept: recompute replays the ops that made the input anyway.
 Such a save goes to the checkpoint's pack hook beneath as an ordinary position, and when recompute serves the
 region it is rebuilt from the replayed input (the input itself, or ``as_strided`` of it) and packed at the same
-place. Anything else (a parameter, a tensor the body made, another dtype, partial overlap, an alias that is no view
-of the input's base) is kept for real; what the forward's saved regions share (an earlier region's output, a view
+place. Anything else (a parameter, a tensor the body made, another dtype, a lazy conjugate or negation, partial
+overlap, an alias that is no view of the input's base) is kept for real; what the forward's saved regions share (an earlier region's output, a view
 an earlier region's body saved) is ``sac2.shared_saves``. ``keep_inputs`` makes a region keep its inputs too (for
 inputs from a nondeterministic producer).
 
@@ -106,10 +106,11 @@ def rebuilds(x: Tensor, inputs: list[tuple[Tensor, int]]) -> Spec | None:
     each with its version when the call started), so that recompute can rebuild it from the replayed input; None
     when it must be kept for real.
 
-    It is a plain input itself, or a view of what one views, of the same dtype and inside the input's memory:
-    anywhere between its first and last element for a dense input, with its exact layout otherwise; and the input
-    is unchanged since the call started (else recompute, which replays the input's producer, would not see the
-    write). A parameter or a view of one (a Linear's transposed weight) is kept: autograd's graph holds it anyway.
+    It is a plain input itself, or a view of what one views, of the same dtype, conjugate and negative bits and
+    inside the input's memory: anywhere between its first and last element for a dense input, with its exact
+    layout otherwise; and the input is unchanged since the call started (else recompute, which replays the input's
+    producer, would not see the write). A parameter or a view of one (a Linear's transposed weight) is kept:
+    autograd's graph holds it anyway.
     """
     for j, (t, version) in enumerate(inputs):  # the input itself, the common case: no layout to read
         if x is t:
@@ -121,6 +122,8 @@ def rebuilds(x: Tensor, inputs: list[tuple[Tensor, int]]) -> Spec | None:
         return None  # a tensor the body made, or a parameter's view
     for j, (t, version) in enumerate(inputs):
         if (t is base or _view_base(t) is base) and x.dtype == t.dtype and _version(x) == version and _plain(t):
+            if x.is_conj() != t.is_conj() or x.is_neg() != t.is_neg():
+                return None  # a lazy conjugate or negation of the input: as_strided would read it plainly
             spec = _inside(x, t)
             if spec is not None:
                 return (j, *spec, t.shape, t.stride())

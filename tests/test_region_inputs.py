@@ -113,6 +113,34 @@ def test_a_region_rebuilding_its_input_gives_no_checkpointing_gradients(style, t
     assert bitwise_equal(got, reference)
 
 
+#: Views of an input that hold the same memory but read it another way: a lazy conjugate, a lazy negation.
+MATH_VIEWS = {"conj": (torch.complex64, torch.conj), "neg": (torch.float32, torch._neg_view)}
+
+
+@pytest.mark.parametrize("kind", list(MATH_VIEWS))
+def test_a_region_saving_a_conjugate_or_negated_view_of_its_input_gives_no_checkpointing_gradients(kind):
+    dtype, view = MATH_VIEWS[kind]
+    torch.manual_seed(0)
+    w = torch.randn(4, 4, dtype=dtype, requires_grad=True)
+    x = torch.randn(3, 4, dtype=dtype)
+
+    def body(t):  # the matmul saves the lazy view of the region's input (same storage, same layout)
+        return view(t) @ w
+
+    def f(x):
+        return sac2.region(body, name="math_view")(x * 2).abs().sum()
+
+    def grads(checkpointed: bool) -> list[torch.Tensor | None]:
+        xx = x.clone().requires_grad_()
+        w.grad = None
+        context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("math_view")])
+        loss = sac2.checkpoint(f, xx, use_reentrant=False, context_fn=context_fn) if checkpointed else f(xx)
+        loss.backward()
+        return [xx.grad, w.grad]
+
+    assert bitwise_equal(grads(True), grads(False))
+
+
 @pytest.mark.parametrize("how", ["torch_frame", "no_early_stop"])
 def test_rebuilt_inputs_stay_in_step_on_torch_frame_and_without_early_stop(how):
     x = torch.randn(8, 16)
