@@ -48,12 +48,10 @@ import torch
 from torch import nn
 
 import sac2
-from sac2 import region_saves
 from sac2.bench.job import grads_equal
 from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
 from sac2.bench.rotation import turns
-from sac2.model_regions import region_name_of
 
 #: 0.3.0's commit: the release the issues compare step times with.
 RELEASE = "7f4cc5b"
@@ -143,7 +141,6 @@ class Row:
     name: str
     label: str  # its save list's name in ``clients_regions.SAVES``
     model: nn.Module
-    before: Callable[[], None]
     release: bool = False  # the release's row, the others' baseline
     times: list[float] = field(default_factory=list)
     kept: int = 0
@@ -163,9 +160,8 @@ def _experts_classes(model: nn.Module) -> list[type]:
 
 def _now_row(base: nn.Module, case: Case, name: str, label: str, save: list[Any] | None, keep: bool) -> Row:
     model = copy.deepcopy(base)
-    sac2.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
-    names = {region_name_of(m) for m in model.modules()} - {None}
-    return Row(name, label, model, functools.partial(region_saves.keep_inputs, names, keep))
+    sac2.apply_ac(model, "regions", save=save, blocks=case.blocks(model), keep_inputs=keep)
+    return Row(name, label, model)
 
 
 def _rows(case: Case, ref: ModuleType) -> list[Row]:
@@ -175,7 +171,7 @@ def _rows(case: Case, ref: ModuleType) -> list[Row]:
     for label, save in _clients_regions().SAVES.items():
         model = copy.deepcopy(base)
         ref.apply_ac(model, "regions", save=save, blocks=case.blocks(model))
-        rows.append(Row(f"ref regions {label}", label, model, lambda: None, release=True))
+        rows.append(Row(f"ref regions {label}", label, model, release=True))
         for keep in (False, True):
             rows.append(_now_row(base, case, f"now regions {label}{', inputs kept' if keep else ''}", label, save,
                                  keep))
@@ -187,7 +183,6 @@ def _rows(case: Case, ref: ModuleType) -> list[Row]:
     want = case.loss(reference)
     want.backward()
     for row in rows:
-        row.before()
         memory, loss = measure_step(functools.partial(case.loss, row.model), "cpu")
         row.kept = memory.kept
         row.equal = grads_equal(row.model, loss, reference, want, bitwise=True)
@@ -199,7 +194,6 @@ def measure(case: Case, ref: ModuleType, rounds: int, steps: int) -> list[Row]:
     for r in range(rounds):
         for i in turns(r, len(rows)):
             row = rows[i]
-            row.before()
             turn = []
             for _ in range(steps):
                 row.model.zero_grad(set_to_none=True)
@@ -225,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with release(args.ref) as ref, region_saves.keep_inputs_restored():
+        with release(args.ref) as ref:
             _compare(names, ref, args)
     finally:
         torch.set_num_threads(threads)

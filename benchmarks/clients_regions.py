@@ -46,11 +46,9 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import sac2
-from sac2 import region_saves
 from sac2.bench.memory import measure_step
 from sac2.bench.output import pareto_front
 from sac2.bench.rotation import turns
-from sac2.model_regions import region_name_of
 
 MODELS = ("hf-llama", "hf-qwen3-moe", "tt-llama3")
 STOCK = "stock SAC"
@@ -259,11 +257,8 @@ def _then_nothing(_done: object) -> None:
     """A setup with nothing to run before each step."""
 
 
-def _apply_regions(model: nn.Module, blocks: nn.Module, save: list[str] | None,
-                   keep_inputs: bool = False) -> Callable[[], None]:
-    sac2.apply_ac(model, "regions", save=save, blocks=blocks)
-    names = {region_name_of(m) for m in model.modules()} - {None} | {"attention"}
-    return functools.partial(region_saves.keep_inputs, names, keep_inputs)
+def _apply_regions(model: nn.Module, blocks: nn.Module, save: list[str] | None, keep_inputs: bool = False) -> None:
+    sac2.apply_ac(model, "regions", save=save, blocks=blocks, keep_inputs=keep_inputs)
 
 
 def _apply_remat(model: nn.Module, blocks: nn.Module, save: list[str] | None, hf: bool) -> None:

@@ -109,11 +109,15 @@ class SaveList:
     """The policy a list of ops stands for: MUST_SAVE for those ops, PREFER_RECOMPUTE for all others.
 
     The modes read ``ops`` directly (a set lookup per op), so a list policy costs no Python call per op.
+    ``keep_inputs``: its saved regions keep for real what their bodies save of their own inputs (else rebuilt in
+    recompute, unless the region's name keeps them: ``sac2.region_saves.keep_inputs``). A property of the policy,
+    so of the model ``apply_ac`` made it for, not of region names other models share.
     """
 
-    __slots__ = ("ops",)
+    __slots__ = ("ops", "keep_inputs")
 
-    def __init__(self, ops: Iterable[object]) -> None:
+    def __init__(self, ops: Iterable[object], keep_inputs: bool = False) -> None:
+        self.keep_inputs = keep_inputs
         checked: list[PolicyOp] = []
         for op in ops:
             if isinstance(op, _compat.OpOverloadPacket):
@@ -131,12 +135,13 @@ class SaveList:
         return from_bool(saved)
 
     def __repr__(self) -> str:
-        return f"SaveList({sorted(map(op_name, self.ops))})"
+        keep = ", keep_inputs=True" if self.keep_inputs else ""
+        return f"SaveList({sorted(map(op_name, self.ops))}{keep})"
 
-    def __reduce__(self) -> tuple[type[SaveList], tuple[list[PolicyOp]]]:
+    def __reduce__(self) -> tuple[type[SaveList], tuple[list[PolicyOp], bool]]:
         # Ops pickle by their path under torch.ops (sac2._compat's reducer), also HOPs made after sac2's import.
         pickling.register_op_pickling(self.ops)
-        return SaveList, (list(self.ops),)
+        return SaveList, (list(self.ops), self.keep_inputs)
 
 
 def as_policy(policy_fn_or_list: Policy) -> PolicyFn:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Union
 
 from torch import nn
 
-from sac2 import messages, region_saves
+from sac2 import messages
 from sac2.answers import Policy, SaveList
 from sac2.checkpointing import create_selective_checkpoint_contexts
 from sac2.model_regions import DEFAULT_SAVE, Target, make_regions
@@ -60,7 +60,9 @@ def apply_ac(
             default 1 wraps every block.
         keep_inputs: ``mode="regions"``: True keeps for real what a saved region's body saves of its own inputs,
             for inputs whose producer may not give the same values in recompute (nondeterministic kernels such
-            as GPU atomics); it costs their memory. The default False rebuilds them in recompute.
+            as GPU atomics); it costs their memory. The default False rebuilds them in recompute (but for a
+            region whose name keeps them: ``sac2.region(keep_inputs=True)``). It holds for this model's blocks
+            only: another model's regions of the same names keep their own setting.
         **checkpoint_kwargs: passed to ``sac2.checkpoint`` for each block (``preserve_rng_state``,
             ``determinism_check``, ...; a ``context_fn`` here replaces the one ``policy`` makes).
 
@@ -92,8 +94,7 @@ def apply_ac(
         chosen = DEFAULT_SAVE if save is None else save
         # A SaveList, not a list: torch.compile reads a policy object in a context_fn, not a list of Regions.
         made = make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen)
-        region_saves.keep_inputs([r.name for r in made], keep_inputs)
-        policy = SaveList(made)
+        policy = SaveList(made, keep_inputs=keep_inputs)  # this model's setting: its own policy's, not its names'
     if mode in ("selective", "regions"):
         context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
         checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}

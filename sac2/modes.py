@@ -98,6 +98,8 @@ class CachingMode(SacMode):
         #: checkpoint for ``respect_saved_tensors_hooks=True``).
         self.saved_tensors_hooks: _compat.HookPair | None = None
         self._save_ops = policy_fn.ops if type(policy_fn) is SaveList and self.save_list_fast_path else None
+        #: Whether the policy's saved regions keep their inputs for real (``SaveList.keep_inputs``).
+        self.keep_inputs = type(policy_fn) is SaveList and policy_fn.keep_inputs
         self._save_ids = None if self._save_ops is None else frozenset(map(id, self._save_ops))
         self._ctx = ForwardContext()
         self._pending: list[Saved] = []  # entries whose versions are read at the next op (after autograd's bump)
@@ -287,7 +289,7 @@ class CachingMode(SacMode):
         if self._pending:
             self._flush()
         save, offload = self.region_answer(call)
-        return record_region(self.record, call, save, offload)
+        return record_region(self.record, call, save, offload, self.keep_inputs)
 
     def region_answer(self, call: RegionCall) -> tuple[bool, bool]:
         """(save, offload) for one region call: a save list's membership, else the policy's answer."""

@@ -187,7 +187,8 @@ class _Profiling(CachingMode):
         self.region_state[n], self.region_rebuilt[n] = state, rebuilt
         # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_saves``).
         key = call.key
-        inputs = [] if region_saves.keeps_inputs(key) else writes.tensor_versions(call.args, call.kwargs)
+        keep = self.keep_inputs or region_saves.keeps_inputs(key)
+        inputs = [] if keep else writes.tensor_versions(call.args, call.kwargs)
 
         def note(t: Tensor) -> Tensor:
             if _compat.parameter_of(t) is not None:

@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["record_region", "replay_region", "RegionForward", "RegionReplay", "region_only", "active"]
 
 
-def record_region(record: Record, call: RegionCall, save: bool, offload: bool) -> Any:
-    """Run a region call in forward and append its entry to ``record``: its key, or a ``Saved`` entry."""
+def record_region(record: Record, call: RegionCall, save: bool, offload: bool, keep_inputs: bool = False) -> Any:
+    """Run a region call in forward and append its entry to ``record``: its key, or a ``Saved`` entry.
+    ``keep_inputs``: the policy's (``SaveList.keep_inputs``); saved, the region keeps its inputs for real."""
     key, args, kwargs = call.key, call.args, call.kwargs
     if not save:
         out = call.run()
@@ -49,7 +50,7 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool) -
     forward = record.region_forward
     if forward is None:  # both forward contexts start it on entry
         raise InternalError(messages.internal_error(messages.NOT_IN_FORWARD))
-    out, rebuilt = region_saves.run_saved(call, before, forward)
+    out, rebuilt = region_saves.run_saved(call, before, forward, keep_inputs)
     entry = Saved(key)
     entry.rebuilt = rebuilt
     written = writes.writes_of(key, args, kwargs, out, before)
@@ -119,11 +120,12 @@ class _Context:
 
 
 class RegionForward(_Context):
-    """Forward of a region-only policy: regions ask ``saves`` and are recorded; nothing else is intercepted."""
+    """Forward of a region-only policy: regions ask its save list and are recorded; nothing else is intercepted."""
 
-    def __init__(self, saves: frozenset[PolicyOp], record: Record) -> None:
+    def __init__(self, policy: SaveList, record: Record) -> None:
         super().__init__(record)
-        self.saves = saves
+        self.saves: frozenset[PolicyOp] = policy.ops
+        self.keep_inputs = policy.keep_inputs
         #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
         self.saved_tensors_hooks: _compat.HookPair | None = None
 
@@ -140,7 +142,7 @@ class RegionForward(_Context):
             self.record.end_forward(self.saved_tensors_hooks)
 
     def region(self, call: RegionCall) -> Any:
-        return record_region(self.record, call, call.key in self.saves, False)
+        return record_region(self.record, call, call.key in self.saves, False, self.keep_inputs)
 
 
 class RegionReplay(_Context):
@@ -170,13 +172,13 @@ class RegionReplay(_Context):
             raise RuntimeError(messages.regions_ended_early(cursor, n, self.record.describe(cursor)))
 
 
-def region_only(policy: object) -> frozenset[PolicyOp] | None:
-    """The regions a policy saves if it can only ever save ``sac2.region`` calls, else None.
+def region_only(policy: object) -> SaveList | None:
+    """The policy as a save list if it can only ever save ``sac2.region`` calls, else None.
 
     That is a save list of ``sac2.Region``s while compiled code does not run as ``inductor_compiled_code``
     (``wrap_inductor_compiled_regions`` off): then no op but a ``sac2.region`` call can match a ``Region``.
     """
     if type(policy) is SaveList and policy.ops and all(type(op) is Region for op in policy.ops):
         if not _compat.compiled_regions_wrapped():
-            return policy.ops
+            return policy
     return None

@@ -5,9 +5,10 @@ A saved region keeps its backward state itself (it never runs in backward), but 
 Such a save goes to the checkpoint's pack hook beneath as an ordinary position, and when recompute serves the
 region it is rebuilt from the replayed input (the input itself, or ``as_strided`` of it) and packed at the same
 place. Anything else (a parameter, a tensor the body made, another dtype, a lazy conjugate or negation, partial
-overlap, an alias that is no view of the input's base) is kept for real; what the forward's saved regions share (an earlier region's output, a view
-an earlier region's body saved) is ``sac2.shared_saves``. ``keep_inputs`` makes a region keep its inputs too (for
-inputs from a nondeterministic producer).
+overlap, an alias that is no view of the input's base) is kept for real; what the forward's saved regions share (an
+earlier region's output, a view an earlier region's body saved) is ``sac2.shared_saves``. A region keeps its inputs
+too where its policy says so (``apply_ac(keep_inputs=True)``: ``SaveList.keep_inputs``) or its name does
+(``keep_inputs``, ``sac2.region(keep_inputs=True)``): for inputs from a nondeterministic producer.
 
 Every save of a saved region's body passes through here, so the common cases (the input itself, a contiguous
 reshape of it, a parameter) read as few tensor attributes as they can: each costs a Python-to-C call.
@@ -15,8 +16,7 @@ reshape of it, a parameter) read as few tensor attributes as they can: each cost
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -27,7 +27,7 @@ from sac2.saved import Saved
 from sac2.shared_saves import Forward, Shared, kept_anyway
 
 __all__ = [
-    "keep_inputs", "keep_inputs_restored", "keeps_inputs", "tensor_args", "rebuilds", "run_saved", "rerun",
+    "keep_inputs", "keeps_inputs", "tensor_args", "rebuilds", "run_saved", "rerun",
     "pack_rebuilt", "Rebuilt",
 ]
 
@@ -51,17 +51,6 @@ def keep_inputs(names: Any, keep: bool = True) -> None:
             _keeping_inputs.add(name)
         else:
             _keeping_inputs.discard(name)
-
-
-@contextlib.contextmanager
-def keep_inputs_restored() -> Iterator[None]:
-    """Every region name's ``keep_inputs`` setting as it was before the block, after it (on errors too)."""
-    before = set(_keeping_inputs)
-    try:
-        yield
-    finally:
-        _keeping_inputs.clear()
-        _keeping_inputs.update(before)
 
 
 def keeps_inputs(key: Region) -> bool:
@@ -245,11 +234,14 @@ class _Rerun:
         return t
 
 
-def run_saved(call: RegionCall, before: list[tuple[Tensor, int]], forward: Forward) -> tuple[Any, Rebuilt | None]:
+def run_saved(
+    call: RegionCall, before: list[tuple[Tensor, int]], forward: Forward, keep: bool = False
+) -> tuple[Any, Rebuilt | None]:
     """Run a saved region's body in forward (``before``: its tensor arguments with their versions): its backward
     state kept for real, except the saves recompute can rebuild from its inputs, which the checkpoint beneath keeps
-    as positions, shared with the forward's other saved regions (``forward``), unless the region keeps inputs."""
-    beneath = None if keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
+    as positions, shared with the forward's other saved regions (``forward``), unless the region keeps inputs
+    (``keep``: its policy says so; or its name does, ``keep_inputs``)."""
+    beneath = None if keep or keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
     if beneath is None:
         return call.run_under(_KeepAll().pack, _unpack_kept), None
     saves = _Saves(before, beneath, forward)

@@ -61,14 +61,24 @@ def test_keep_inputs_keeps_the_inputs_for_real_and_still_trains_bitwise():
     rebuilt, keeping = _transformer(), _transformer()
     sac2.apply_ac(rebuilt, "regions", save=["linear"], blocks=rebuilt.blocks)
     rebuilt_kept, _ = _kept_and_grads(rebuilt, _lm)
-    try:
-        sac2.apply_ac(keeping, "regions", save=["linear"], blocks=keeping.blocks, keep_inputs=True)
-        keeping_kept, grads = _kept_and_grads(keeping, _lm)
-    finally:
-        region_saves.keep_inputs(["qkv", "proj", "gate_up", "down"], False)
+    sac2.apply_ac(keeping, "regions", save=["linear"], blocks=keeping.blocks, keep_inputs=True)
+    keeping_kept, grads = _kept_and_grads(keeping, _lm)
     # Each block's four Linear inputs: the normed input (twice), attention's output, the MLP's hidden state.
     assert keeping_kept - rebuilt_kept >= CFG.n_layers * 2 * 32 * CFG.dim * 4
     assert bitwise_equal(grads, reference)
+
+
+def test_keep_inputs_holds_for_the_model_it_was_given_whatever_other_models_ask():
+    # Two models with the same region names (a policy and a reference model, say): each keeps its own setting.
+    keeping = _transformer()
+    sac2.apply_ac(keeping, "regions", save=["linear"], blocks=keeping.blocks, keep_inputs=True)
+    kept_alone, _ = _kept_and_grads(keeping, _lm)
+    other = _transformer()
+    sac2.apply_ac(other, "regions", save=["linear"], blocks=other.blocks)
+    other_kept, _ = _kept_and_grads(other, _lm)
+    kept_after, _ = _kept_and_grads(keeping, _lm)
+    assert kept_after == kept_alone
+    assert other_kept < kept_alone
 
 
 class _Net(nn.Module):

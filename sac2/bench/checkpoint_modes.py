@@ -10,7 +10,6 @@ runs), and torch_remat (the region-based peer, when it is installed) keeping the
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,10 +19,8 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import sac2
-from sac2 import region_saves
 from sac2.bench.length_curve import sac2_sac, stock_sac
 from sac2.bench.models import REGION_NAMES, RegionWrap, Transformer
-from sac2.model_regions import region_name_of
 from sac2.policies import every_other_matmul, llm
 from sac2.policies.budget import memory_budget
 
@@ -86,14 +83,11 @@ def remat_available() -> bool:
 
 
 def _apply_regions(save: list[str], keep_inputs: bool) -> Prepare:
-    """``sac2.apply_ac(model, "regions", save=save)`` on a row's copy: its blocks wrap themselves. The setting
-    ``keep_inputs`` belongs to the region names, which the region rows share, so each row sets its own before each
-    of its steps."""
+    """``sac2.apply_ac(model, "regions", save=save, keep_inputs=keep_inputs)`` on a row's copy: its blocks wrap
+    themselves (the setting is the copy's own, whatever the other region rows ask)."""
 
-    def prepare(model: Transformer) -> Callable[[], None]:
-        sac2.apply_ac(model, "regions", save=save, blocks=model.blocks)
-        names = {region_name_of(m) for m in model.modules()} - {None}
-        return functools.partial(region_saves.keep_inputs, names, keep_inputs)
+    def prepare(model: Transformer) -> None:
+        sac2.apply_ac(model, "regions", save=save, blocks=model.blocks, keep_inputs=keep_inputs)
 
     return prepare
 

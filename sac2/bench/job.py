@@ -21,7 +21,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from sac2 import region_saves
 from sac2.bench.checkpoint_modes import Row, remat_available, rows
 from sac2.bench.determinism import deterministic_kernels
 from sac2.bench.memory import measure_step
@@ -176,15 +175,7 @@ def run(
     backend: str = COMPILE_BACKEND,
 ) -> tuple[list[Result], list[str]]:
     """Train ``config`` for 1 + ``steps`` steps under every mode (each under ``torch.compile(backend=backend)`` if
-    ``compile``); return the rows and notes on the run. The region rows' ``keep_inputs`` settings (their own, set
-    before each of their steps) do not outlast it."""
-    with region_saves.keep_inputs_restored():
-        return _run(config, steps, device, seed, compile, backend)
-
-
-def _run(
-    config: str, steps: int, device: str, seed: int, compile: bool, backend: str
-) -> tuple[list[Result], list[str]]:
+    ``compile``); return the rows and notes on the run."""
     cfg = CONFIGS[config]
     dev = torch.device(device)
     torch.manual_seed(seed)

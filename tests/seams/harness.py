@@ -31,8 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
-from sac2 import region_saves
-from sac2.answers import CheckpointPolicy
+from sac2.answers import CheckpointPolicy, SaveList
 from sac2.model_regions import make_regions
 
 from . import torch_style
@@ -229,8 +228,7 @@ def make_policy(kind: str, p: Problem) -> Any:
         return sac2.policies.memory_budget(fn, inputs, 0.5, cost="flops")
     if kind in ("regions", "regions_keep_inputs"):
         regions = make_regions(p.model, p.blocks, ["attention", "linear"])
-        region_saves.keep_inputs([r.name for r in regions], kind == "regions_keep_inputs")
-        return regions
+        return SaveList(regions, keep_inputs=kind == "regions_keep_inputs")  # as apply_ac's own policy
     if kind == "offload":
         return _offload_matmuls
     raise AssertionError(kind)
