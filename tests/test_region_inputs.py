@@ -8,6 +8,7 @@ region keeps what saving the same ops op by op keeps; ``keep_inputs`` keeps them
 from __future__ import annotations
 
 import contextlib
+import copy
 from functools import partial
 
 import pytest
@@ -66,6 +67,14 @@ def test_keep_inputs_keeps_the_inputs_for_real_and_still_trains_bitwise():
     # Each block's four Linear inputs: the normed input (twice), attention's output, the MLP's hidden state.
     assert keeping_kept - rebuilt_kept >= CFG.n_layers * 2 * 32 * CFG.dim * 4
     assert bitwise_equal(grads, reference)
+
+
+def test_keep_inputs_survives_copying_the_model():
+    keeping = _transformer()
+    sac2.apply_ac(keeping, "regions", save=["linear"], blocks=keeping.blocks, keep_inputs=True)
+    kept, _ = _kept_and_grads(keeping, _lm)
+    copied, _ = _kept_and_grads(copy.deepcopy(keeping), _lm)  # pickles its policy, as torch.save would
+    assert copied == kept
 
 
 def test_keep_inputs_holds_for_the_model_it_was_given_whatever_other_models_ask():
