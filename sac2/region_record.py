@@ -84,7 +84,7 @@ def replay_region(record: Record, i: int, call: RegionCall) -> Any:
     try:
         with _compat.no_modes():
             # First what recompute rebuilds: the checkpoint may stop recomputing once the last one is back.
-            if rebuilt is None or region_saves.pack_rebuilt(rebuilt, region_saves.tensor_args(args, kwargs)):
+            if rebuilt is None or region_saves.pack_rebuilt(rebuilt, writes.tensor_args(args, kwargs)):
                 return record.serve(i, args, kwargs)
     finally:
         _compat.set_grad_enabled(grad_was)

@@ -27,14 +27,14 @@ from sac2.saved import Saved
 from sac2.shared_saves import Forward, Shared, kept_anyway
 
 __all__ = [
-    "keep_inputs", "keeps_inputs", "tensor_args", "rebuilds", "run_saved", "rerun",
+    "keep_inputs", "keeps_inputs", "rebuilds", "run_saved", "rerun",
     "pack_rebuilt", "Rebuilt",
 ]
 
 Tensor = torch.Tensor
 #: Where a tensor a saved region's body saved lives in the call's inputs: (the input's position among the call's
-#: tensor arguments, ``tensor_args``; size, stride, offset from the input's first element, size and stride None for
-#: the input itself; the input's size, the input's stride).
+#: tensor arguments, ``sac2.writes.tensor_args``; size, stride, offset from the input's first element, size and
+#: stride None for the input itself; the input's size, the input's stride).
 Spec = tuple[int, tuple[int, ...] | None, tuple[int, ...] | None, int, tuple[int, ...], tuple[int, ...]]
 #: What a saved region's record holds about the body saves recompute rebuilds: (their numbers among the body's
 #: saves, where each lives).
@@ -56,12 +56,6 @@ def keep_inputs(names: Any, keep: bool = True) -> None:
 def keeps_inputs(key: Region) -> bool:
     """Whether a saved call of region ``key`` keeps its inputs for real (``keep_inputs``)."""
     return key.name in _keeping_inputs
-
-
-def tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
-    """The tensor leaves of a call, in the order ``sac2.writes.tensor_versions`` gives them: what a ``Spec``'s input
-    position counts."""
-    return [t for t in _compat.call_leaves(args, kwargs) if isinstance(t, Tensor)]
 
 
 def _plain(t: Tensor) -> bool:
@@ -266,9 +260,10 @@ def rerun(entry: Saved, call: RegionCall) -> Any:
 
 def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
     """Serving a saved region in recompute, in no-grad mode (the views are backward's to read: no autograd node for
-    them): rebuild each save forward handed to the checkpoint from the replayed ``inputs`` (``tensor_args``) and
-    hand it to the checkpoint's recompute hooks, in forward's order, at the region's place. False, packing nothing,
-    when an input it lives in came back with another layout than in forward (then the body runs again: ``rerun``)."""
+    them): rebuild each save forward handed to the checkpoint from the replayed ``inputs`` (``writes.tensor_args``)
+    and hand it to the checkpoint's recompute hooks, in forward's order, at the region's place. False, packing
+    nothing, when an input it lives in came back with another layout than in forward (then the body runs again:
+    ``rerun``)."""
     specs = rebuilt[1]
     for j, _, _, _, size, stride in specs:
         if j >= len(inputs) or inputs[j].shape != size or inputs[j].stride() != stride:

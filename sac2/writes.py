@@ -18,8 +18,8 @@ from sac2.keys import Region
 _version = _compat.version
 
 __all__ = [
-    "Path", "UNDECLARED_WRITES", "locate", "schema_writes", "expand", "tensor_versions", "writes_of",
-    "unversioned_writes",
+    "Path", "UNDECLARED_WRITES", "locate", "schema_writes", "expand", "tensor_args", "tensor_versions",
+    "writes_of", "unversioned_writes",
 ]
 
 
@@ -89,9 +89,15 @@ def _tensor_paths(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[P
     return out
 
 
+def tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """Every tensor argument of a call, in one order: ``tensor_versions``', which a saved region's rebuilt saves
+    count their input positions in (``sac2.region_saves.Spec``)."""
+    return [t for t in _compat.call_leaves(args, kwargs) if isinstance(t, torch.Tensor)]
+
+
 def tensor_versions(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[torch.Tensor, int]]:
     """Every tensor argument of a HOP call with its version, to see afterwards which ones the HOP wrote."""
-    return [(t, _version(t)) for t in _compat.call_leaves(args, kwargs) if isinstance(t, torch.Tensor)]
+    return [(t, _version(t)) for t in tensor_args(args, kwargs)]
 
 
 def writes_of(
