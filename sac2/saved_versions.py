@@ -52,12 +52,14 @@ class SavedVersions:
         """autograd's error if the tensor saved at position ``i`` was written in place since (rule 3), naming the
         backward node running when ``here`` (it is the one unpacking it); under the user's hooks, sac2's error for
         a write after the forward into a tensor they keep by reference, which recompute cannot make again (3a)."""
-        saved = self.entries[i] if self.entries is not None else None
+        entries = self.entries  # once per unpack: the common case (unchanged) reads as little as it can
+        saved = entries[i] if entries is not None else None
         if saved is None:
             return
+        w = saved[0]
+        x = w if isinstance(w, Tensor) else w()
         packed_version = saved[1]
-        x = _tensor(saved)
-        if x is None or _compat.version(x) == packed_version:
+        if x is None or _version(x) == packed_version:
             return
         tensor = _described(x, saved)
         if self.user_hooks is None:
@@ -132,11 +134,15 @@ def entry(x: Tensor) -> Witnessed:
     A parameter (or a view of one, as a Linear saves its weight) is its own witness: it shares the counter, and
     autograd's graph keeps it alive anyway (its gradient accumulator holds it), so it costs no witness to make.
     """
-    param = _compat.parameter_of(x)
-    if param is not None:
-        return param, _compat.version(x), x.shape
-    w = _compat.version_witness(x)
-    return (weakref.ref(x), _compat.version(x), None) if w is None else (w, _compat.version(x), x.shape)
+    base = _view_base(x)
+    root = x if base is None else base
+    if root.is_leaf and root.requires_grad:  # ``_compat.parameter_of``, inline: this runs once per saved tensor
+        return root, _version(x), x.shape
+    w = _witness(x)
+    return (weakref.ref(x), _version(x), None) if w is None else (w, _version(x), x.shape)
+
+
+_view_base, _version, _witness = _compat.view_base, _compat.version, _compat.version_witness
 
 
 def _described(x: Tensor, e: Witnessed) -> str:

@@ -198,7 +198,9 @@ def current_node_name() -> str | None:
     return None if node is None else str(node.name())
 
 
-_EMPTY: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}  # the witness keeps the dtype (its type())
+#: ``version_witness``'s storage-less tensors (the witness keeps the dtype: its type()), by dtype on CPU, else by
+#: (device, dtype).
+_EMPTY: dict[torch.dtype | tuple[torch.device, torch.dtype], torch.Tensor] = {}
 _DisableTorchDispatch = torch._C._DisableTorchDispatch
 
 
@@ -214,27 +216,38 @@ def as_is(t: torch.Tensor) -> torch.Tensor:
 def version_witness(t: torch.Tensor) -> torch.Tensor | None:
     """A tensor that shares ``t``'s version counter and nothing else (no storage, no autograd history), so that
     in-place writes into ``t`` show after ``t`` itself is gone; None where one cannot be made (tensor subclasses,
-    non-strided layouts): there the caller watches ``t`` weakly.
+    non-strided layouts): there the caller watches ``t`` weakly. One per saved tensor: the common case (no mode on
+    the stack, an ``empty`` of its kind made) is two C calls.
 
     Removable: torch exposes a tensor's version counter as an object.
     """
     if type(t) is not torch.Tensor:
         return None
-    key = (t.device, t.dtype)
-    empty = _EMPTY.get(key)
-    if mode_stack_len() or empty is None:  # one witness per saved tensor: the context only where a mode is
-        with _DisableTorchDispatch():  # nothing here is an op of the user's program: no mode is to see it
-            if empty is None:
-                empty = _EMPTY[key] = torch.empty(0, device=t.device, dtype=t.dtype)
-            w = t.detach()
-    else:
-        w = t.detach()
+    empty = _EMPTY.get(t.dtype if t.is_cpu else (t.device, t.dtype))  # no device object on CPU
+    if empty is None or mode_stack_len():
+        return _witness_in_mode(t)
+    w = t.detach()
     try:
         w.data = empty  # set_data: new storage and sizes, same version counter, no version bump
     except RuntimeError:  # a tensor type set_data refuses to mix with a strided one (sparse, nested, mkldnn, ...)
         return None
     return w
 
+
+def _witness_in_mode(t: torch.Tensor) -> torch.Tensor | None:
+    """``version_witness`` where a mode may be on the stack (nothing here is an op of the user's program: no mode
+    is to see it) or ``t``'s kind has no ``empty`` yet."""
+    with _DisableTorchDispatch():
+        key = t.dtype if t.is_cpu else (t.device, t.dtype)
+        empty = _EMPTY.get(key)
+        if empty is None:
+            empty = _EMPTY[key] = torch.empty(0, device=t.device, dtype=t.dtype)
+        w = t.detach()
+    try:
+        w.data = empty
+    except RuntimeError:
+        return None
+    return w
 
 
 def mutation_on_saved_tensors_allowed() -> bool:
