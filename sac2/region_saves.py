@@ -104,12 +104,15 @@ def rebuilds(x: Tensor, inputs: list[tuple[Tensor, int]]) -> Spec | None:
     if base is None or type(base) is _Parameter:
         return None  # a tensor the body made, or a parameter's view
     for j, (t, version) in enumerate(inputs):
-        if (t is base or _view_base(t) is base) and x.dtype == t.dtype and _version(x) == version and _plain(t):
-            if x.is_conj() != t.is_conj() or x.is_neg() != t.is_neg():
-                return None  # a lazy conjugate or negation of the input: as_strided would read it plainly
-            spec = _inside(x, t)
-            if spec is not None:
-                return (j, *spec, t.shape, t.stride())
+        if t is not base and _view_base(t) is not base:
+            continue
+        if x.dtype != t.dtype or _version(x) != version or not _plain(t):
+            continue
+        if x.is_conj() != t.is_conj() or x.is_neg() != t.is_neg():
+            return None  # a lazy conjugate or negation of the input: as_strided would read it plainly
+        spec = _inside(x, t)
+        if spec is not None:
+            return (j, *spec, t.shape, t.stride())
     return None
 
 
@@ -117,22 +120,20 @@ _version, _view_base, _Parameter = _compat.version, _compat.view_base, torch.nn.
 
 
 def _inside(x: Tensor, t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
-    """(size, stride, offset from ``t``'s first element) of ``x``, a view of what ``t`` views, where it lies inside
-    ``t``'s memory; None where it does not (partial overlap, another layout in a non-dense input)."""
+    """(size, stride, offset from ``t``'s first element) of ``x``, a view of what ``t`` views (so of one storage,
+    and of one dtype), where it lies inside ``t``'s memory; None where it does not (partial overlap, another layout
+    in a non-dense input)."""
+    offset: int = x.storage_offset() - t.storage_offset()  # type: ignore[assignment]  # eager: ints, no SymInts
     n, m = x.numel(), t.numel()
-    if not n or not m:
+    if offset < 0 or not n or not m:
         return None
-    delta, item = x.data_ptr() - t.data_ptr(), x.element_size()
-    if delta < 0 or delta % item:
-        return None
-    offset = delta // item
     if t.is_contiguous():  # a contiguous input (a Linear's, reshaped by its matmul): extents without layouts
         inside = offset + (n - 1 if x.is_contiguous() else _extent(x)) <= m - 1
     elif _dense(t):
         inside = offset + _extent(x) <= _extent(t)
     else:
         inside = offset == 0 and x.shape == t.shape and x.stride() == t.stride()
-    return (tuple(x.shape), x.stride(), offset) if inside else None
+    return (x.shape, x.stride(), offset) if inside else None
 
 
 #: A body save kept for real: (the tensor, its version then, its number among the body's saves). autograd checks
