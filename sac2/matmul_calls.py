@@ -48,8 +48,9 @@ class MatmulCalls(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in MATMULS:
             # torch has this mode off while it handles a call: a plain call is the matmul alone, which draws nothing
-            drawless = not torch.compiler.is_compiling() and plain_call(args, kwargs)
-            return call_region(self.key, func, args, kwargs, drawless)
+            # and, without out=, writes nothing
+            pure = not torch.compiler.is_compiling() and "out" not in kwargs and plain_call(args, kwargs)
+            return call_region(self.key, func, args, kwargs, pure)
         return func(*args, **kwargs)
 
 

@@ -53,8 +53,8 @@ Target = str | type
 
 def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     key: Region = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
-    drawless = not torch.compiler.is_compiling() and _plain_linear(self, forward, args, kwargs)
-    return call_region(key, forward, args, kwargs, drawless)
+    pure = not torch.compiler.is_compiling() and _plain_linear(self, forward, args, kwargs)
+    return call_region(key, forward, args, kwargs, pure)
 
 
 def _plain_linear(module: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],

@@ -21,14 +21,16 @@ __all__ = ["RegionCall"]
 @dataclasses.dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ costs several times a plain one's
 class RegionCall:
     """``key``: the region (what a policy or save list matches). ``body``: the function, run as
-    ``body(*args, **kwargs)`` (``sac2.regions`` wraps it in ``compiled_region()``). ``drawless``: sac2 knows the
-    body draws no random numbers (a matmul or a Linear on plain tensors): saved, it keeps no generator state."""
+    ``body(*args, **kwargs)`` (``sac2.regions`` wraps it in ``compiled_region()`` where a mode is on the stack).
+    ``pure``: sac2 knows the body (a Linear's own forward, or a matmul, on plain tensors with no ``out=``): it draws
+    no random numbers and writes none of its arguments, so saved, it reads no generator state and looks for no
+    writes."""
 
     key: Region
     body: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    drawless: bool = False
+    pure: bool = False
 
     def run(self) -> Any:
         """Run the body under the saved-tensor hooks active here (a recomputed region: the checkpoint's)."""

@@ -44,7 +44,7 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool, k
         return out
     before = writes.tensor_versions(args, kwargs)
     rng = None
-    if not call.drawless:  # a matmul or Linear on plain tensors draws nothing: no generator state to read
+    if not call.pure:  # a matmul or Linear on plain tensors draws nothing: no generator state to read
         with _compat.no_modes():
             rng = rng_before(True, args, kwargs)
     forward = record.region_forward
@@ -53,7 +53,7 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool, k
     out, rebuilt = region_saves.run_saved(call, before, forward, keep_inputs)
     entry = Saved(key)
     entry.rebuilt = rebuilt
-    written = writes.writes_of(key, args, kwargs, out, before)
+    written = [] if call.pure else writes.writes_of(key, args, kwargs, out, before)  # a pure call writes nothing
     entry.keep_region(out, written)
     if rng is not None:
         with _compat.no_modes():

@@ -236,7 +236,8 @@ def run_saved(
     state kept for real, except the saves recompute can rebuild from its inputs, which the checkpoint beneath keeps
     as positions, shared with the forward's other saved regions (``forward``), unless the region keeps inputs
     (``keep``: its policy says so; or its name does, ``keep_inputs``)."""
-    beneath = None if keep or keeps_inputs(call.key) else _compat.checkpoint_forward_hooks()
+    keep = keep or bool(_keeping_inputs) and call.key.name in _keeping_inputs  # ``keeps_inputs``, inline
+    beneath = None if keep else _compat.checkpoint_forward_hooks()
     if beneath is None:
         return call.run_under(_KeepAll().pack, _unpack_kept), None
     saves = _Saves(before, beneath, forward)

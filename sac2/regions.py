@@ -52,20 +52,23 @@ def in_region_context() -> bool:
 
 
 def call_region(
-    key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], drawless: bool = False
+    key: Region, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], pure: bool = False
 ) -> Any:
     """``fn(*args, **kwargs)`` as a region call: one op for the policy inside sac2 SAC, traced inside an annotation
-    under torch.compile, a plain call elsewhere. ``drawless``: the caller knows ``fn`` draws no random numbers
-    here (``sac2.draws.plain_call``)."""
+    under torch.compile, a plain call elsewhere. ``pure``: the caller knows ``fn`` draws no random numbers and
+    writes none of its arguments here (``sac2.region_call.RegionCall.pure``)."""
     if torch.compiler.is_compiling():
         with _compat.annotate_region(key.name):  # traced through: the policy decides its ops as one region
             return fn(*args, **kwargs)
-    modes = sac2_modes_on_top() if _compat.mode_stack_len() else ()
-    if modes:
-        return modes[-1].region(RegionCall(key, functools.partial(_body, fn), args, kwargs, drawless))
+    body = fn  # no mode on the stack: nothing for ``compiled_region()`` to take off
+    if _compat.mode_stack_len():
+        body = functools.partial(_body, fn)
+        modes = sac2_modes_on_top()
+        if modes:
+            return modes[-1].region(RegionCall(key, body, args, kwargs, pure))
     context = region_record.active()
     if context is not None:
-        return context.region(RegionCall(key, functools.partial(_body, fn), args, kwargs, drawless))
+        return context.region(RegionCall(key, body, args, kwargs, pure))
     return fn(*args, **kwargs)
 
 

@@ -153,3 +153,43 @@ def test_making_the_experts_one_region_after_their_matmuls_leaves_one_kind():
     context_fn = partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("experts")])
     sac2.checkpoint(block, x, use_reentrant=False, context_fn=context_fn).square().mean().backward()
     assert (type(block.experts).__name__, len(runs)) == ("RegionToyExperts", 1)  # not run again in recompute
+
+
+class OutExperts(nn.Module):
+    """Experts that write a matmul's result into a buffer (``out=``, on tensors that need no grad) and read it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(DIM, DIM) * DIM ** -0.5)
+        self.mix: torch.Tensor
+        self.register_buffer("mix", torch.randn(DIM, DIM) * DIM ** -0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = torch.full((x.shape[0], DIM), float("nan"))  # NaN until the matmul writes it: a missed write shows
+        torch.mm(x.detach(), self.mix, out=scale)
+        return F.linear(x, self.w) * scale.sigmoid()
+
+
+class OutBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.experts = OutExperts()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.experts(x.sin())
+
+
+def test_a_saved_experts_matmul_into_a_buffer_writes_it_again_in_recompute():
+    def grads(apply: bool) -> list[torch.Tensor | None]:
+        torch.manual_seed(0)
+        blocks = nn.ModuleList([OutBlock(), OutBlock()])
+        if apply:
+            sac2.apply_ac(blocks, "regions", save=["experts"], blocks=blocks)
+        x = _x()
+        h = x
+        for block in blocks:
+            h = block(h)
+        h.square().mean().backward()
+        return [x.grad, *(p.grad for p in blocks.parameters())]
+
+    assert bitwise_equal(grads(True), grads(False))
