@@ -95,14 +95,16 @@ def rebuilds(x: Tensor, inputs: list[tuple[Tensor, int]]) -> Spec | None:
     producer, would not see the write). A parameter or a view of one (a Linear's transposed weight) is kept:
     autograd's graph holds it anyway.
     """
+    base = _view_base(x)
+    if type(base) is _Parameter:
+        return None  # a parameter's view (a Linear's transposed weight), an input or not
     for j, (t, version) in enumerate(inputs):  # the input itself, the common case: no layout to read
         if x is t:
-            if _version(x) != version or not _plain(t) or type(_view_base(t)) is _Parameter:
+            if _version(x) != version or not _plain(t):
                 return None
             return (j, None, None, 0, t.shape, t.stride())
-    base = _view_base(x)
-    if base is None or type(base) is _Parameter:
-        return None  # a tensor the body made, or a parameter's view
+    if base is None:
+        return None  # a tensor the body made
     for j, (t, version) in enumerate(inputs):
         if t is not base and _view_base(t) is not base:
             continue
