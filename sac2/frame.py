@@ -64,11 +64,14 @@ Meta: TypeAlias = tuple[torch.Size, torch.dtype, torch.device]
 
 
 class Holder:
-    """What autograd keeps for one tensor the checkpointed forward saved: its position. The frame references it
-    weakly, so a recompute does not keep tensors whose part of the graph is gone."""
+    """What autograd keeps for one tensor the checkpointed forward saved: its position, and its entry for the
+    in-place check (``sac2.saved_versions``; None where none is made), which the unpack reads from the object autograd
+    hands back rather than through the frame's list. The frame references it weakly, so a recompute does not keep
+    tensors whose part of the graph is gone."""
 
-    __slots__ = ("index", "__weakref__")
+    __slots__ = ("index", "entry", "__weakref__")
     index: int
+    entry: saved_versions.Entry
 
 
 class _Stop(Exception):
@@ -144,10 +147,10 @@ class Frame:
             h = new(Holder)
             h.index = len(holders)
             holders.append(ref(h))
-            if versions is not None and id(x) in inputs:
-                versions.append(None)
-            elif versions is not None:
-                versions.append(witnessed(x))
+            e = None if versions is None or id(x) in inputs else witnessed(x)
+            h.entry = e
+            if versions is not None:
+                versions.append(e)
             if check:
                 metas.append((x.shape, x.dtype, x.device))
             return h
@@ -156,7 +159,7 @@ class Frame:
 
     def unpack(self, h: Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
-        self.versions.check(h.index, here=True)
+        self.versions.check(h.index, h.entry, here=True)
         gid = _compat.graph_task()
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
             t = self.recompute()[h.index]

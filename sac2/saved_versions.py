@@ -48,12 +48,11 @@ class SavedVersions:
         #: Whether the hooks hand back the tensor they were given, by device (probed when first needed).
         self.hooks_keep: dict[torch.device, bool] = {}
 
-    def check(self, i: int, here: bool) -> None:
-        """autograd's error if the tensor saved at position ``i`` was written in place since (rule 3), naming the
-        backward node running when ``here`` (it is the one unpacking it); under the user's hooks, sac2's error for
-        a write after the forward into a tensor they keep by reference, which recompute cannot make again (3a)."""
-        entries = self.entries  # once per unpack: the common case (unchanged) reads as little as it can
-        saved = entries[i] if entries is not None else None
+    def check(self, i: int, saved: Entry, here: bool) -> None:
+        """autograd's error if the tensor saved at position ``i`` (its entry: ``saved``) was written in place since
+        (rule 3), naming the backward node running when ``here`` (it is the one unpacking it); under the user's
+        hooks, sac2's error for a write after the forward into a tensor they keep by reference, which recompute
+        cannot make again (3a)."""
         if saved is None:
             return
         w = saved[0]
