@@ -103,8 +103,12 @@ def rebuilds(x: Tensor, inputs: list[tuple[Tensor, int]]) -> Spec | None:
             if _version(x) != version or not _plain(t):
                 return None
             return (j, None, None, 0, t.shape, t.stride())
-    if base is None:
-        return None  # a tensor the body made
+    return None if base is None else _view_of_input(x, base, inputs)  # None: a tensor the body made
+
+
+def _view_of_input(x: Tensor, base: Tensor, inputs: list[tuple[Tensor, int]]) -> Spec | None:
+    """``rebuilds`` for ``x``, a view of ``base`` that is no input itself: the first input that views ``base`` too
+    and holds ``x`` inside its memory."""
     for j, (t, version) in enumerate(inputs):
         if t is not base and _view_base(t) is not base:
             continue
