@@ -186,8 +186,7 @@ class _Profiling(CachingMode):
         rebuilt: list[Tensor] = []
         self.region_state[n], self.region_rebuilt[n] = state, rebuilt
         # What recompute rebuilds from the region's inputs is not its body state (``sac2.region_saves``).
-        key = call.key
-        keep = self.keep_inputs or region_saves.keeps_inputs(key)
+        keep = region_saves.keeps_inputs(call.key, self.keep_inputs)
         inputs = [] if keep else writes.tensor_versions(call.args, call.kwargs)
 
         def note(t: Tensor) -> Tensor:

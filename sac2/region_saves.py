@@ -53,9 +53,10 @@ def keep_inputs(names: Any, keep: bool = True) -> None:
             _keeping_inputs.discard(name)
 
 
-def keeps_inputs(key: Region) -> bool:
-    """Whether a saved call of region ``key`` keeps its inputs for real (``keep_inputs``)."""
-    return key.name in _keeping_inputs
+def keeps_inputs(key: Region, policy_keeps: bool = False) -> bool:
+    """Whether a saved call of region ``key`` keeps its inputs for real: its policy's setting (``policy_keeps``,
+    ``SaveList.keep_inputs``) or its name's (``keep_inputs``)."""
+    return policy_keeps or key.name in _keeping_inputs
 
 
 def _plain(t: Tensor) -> bool:
@@ -242,8 +243,7 @@ def run_saved(
     state kept for real, except the saves recompute can rebuild from its inputs, which the checkpoint beneath keeps
     as positions, shared with the forward's other saved regions (``forward``), unless the region keeps inputs
     (``keep``: its policy says so; or its name does, ``keep_inputs``)."""
-    keep = keep or bool(_keeping_inputs) and call.key.name in _keeping_inputs  # ``keeps_inputs``, inline
-    beneath = None if keep else _compat.checkpoint_forward_hooks()
+    beneath = None if keeps_inputs(call.key, keep) else _compat.checkpoint_forward_hooks()
     if beneath is None:
         return call.run_under(_KeepAll().pack, _unpack_kept), None
     saves = _Saves(before, beneath, forward)

@@ -155,10 +155,9 @@ class Saved:
         if written is None:
             self._move(_RERUN, _HELD)
         if not written and type(out) is Tensor:  # the common call (a Linear's): one output, nothing written
-            d = self.out = _detach(out)  # ``keep_output`` and ``record_versions``, inline: once per region call
-            self.tensors = (d,)
-            self.versions = (_compat.version(d),)
+            self.keep_output(out)
             self.requires_grad = (out.requires_grad,)
+            self.record_versions()
             return
         self.keep(out, written or [])
         ids = {id(t) for _, t in written or []}

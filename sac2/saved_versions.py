@@ -133,15 +133,14 @@ def entry(x: Tensor) -> Witnessed:
     A parameter (or a view of one, as a Linear saves its weight) is its own witness: it shares the counter, and
     autograd's graph keeps it alive anyway (its gradient accumulator holds it), so it costs no witness to make.
     """
-    base = _view_base(x)
-    root = x if base is None else base
-    if root.is_leaf and root.requires_grad:  # ``_compat.parameter_of``, inline: this runs once per saved tensor
-        return root, _version(x), x.shape
+    param = _compat.parameter_of(x)
+    if param is not None:
+        return param, _version(x), x.shape
     w = _witness(x)
     return (weakref.ref(x), _version(x), None) if w is None else (w, _version(x), x.shape)
 
 
-_view_base, _version, _witness = _compat.view_base, _compat.version, _compat.version_witness
+_version, _witness = _compat.version, _compat.version_witness
 
 
 def _described(x: Tensor, e: Witnessed) -> str:

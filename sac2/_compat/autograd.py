@@ -223,29 +223,18 @@ def version_witness(t: torch.Tensor) -> torch.Tensor | None:
     """
     if type(t) is not torch.Tensor:
         return None
-    empty = _EMPTY.get(t.dtype if t.is_cpu else (t.device, t.dtype))  # no device object on CPU
-    if empty is None or mode_stack_len():
-        return _witness_in_mode(t)
-    w = t.detach()
+    key = t.dtype if t.is_cpu else (t.device, t.dtype)  # no device object on CPU
+    empty = _EMPTY.get(key)
+    if mode_stack_len() or empty is None:  # one witness per saved tensor: the context only where a mode is
+        with _DisableTorchDispatch():  # nothing here is an op of the user's program: no mode is to see it
+            if empty is None:
+                empty = _EMPTY[key] = torch.empty(0, device=t.device, dtype=t.dtype)
+            w = t.detach()
+    else:
+        w = t.detach()
     try:
         w.data = empty  # set_data: new storage and sizes, same version counter, no version bump
     except RuntimeError:  # a tensor type set_data refuses to mix with a strided one (sparse, nested, mkldnn, ...)
-        return None
-    return w
-
-
-def _witness_in_mode(t: torch.Tensor) -> torch.Tensor | None:
-    """``version_witness`` where a mode may be on the stack (nothing here is an op of the user's program: no mode
-    is to see it) or ``t``'s kind has no ``empty`` yet."""
-    with _DisableTorchDispatch():
-        key = t.dtype if t.is_cpu else (t.device, t.dtype)
-        empty = _EMPTY.get(key)
-        if empty is None:
-            empty = _EMPTY[key] = torch.empty(0, device=t.device, dtype=t.dtype)
-        w = t.detach()
-    try:
-        w.data = empty
-    except RuntimeError:
         return None
     return w
 
