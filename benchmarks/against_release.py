@@ -12,7 +12,10 @@ is ``apply_ac``'s default):
 - ``now, inputs kept``: the same with ``keep_inputs=True`` (as the release kept them);
 - ``now, experts modules`` (MoE models): ``"experts"`` replaced by the experts module classes, which makes each
   experts call one region as the release's ``"experts"`` did (now it names their matmul calls, whose routing
-  recompute runs again).
+  recompute runs again);
+- ``now, no in-place check``: ``now`` with the frame's in-place check of saved tensors switched off (autograd's
+  error for a write into a tensor saved for backward, which the release's frame did not make), to tell its cost
+  apart from the rest of the difference. Attribution only: sac2 has no switch for it.
 
 Memory: one untimed step per row under ``sac2.bench.memory.measure_step`` (kept = allocated by forward and alive
 when backward starts): a row the release runs differently (a call it did not make a region) shows there.
@@ -136,12 +139,28 @@ def cases(names: list[str]) -> list[Case]:
     return out
 
 
+@contextlib.contextmanager
+def _without_inplace_check(off: bool) -> Iterator[None]:
+    """When ``off``, sac2's frame keeps no version per saved position, as where torch allows writes into saved
+    tensors (``sac2._compat.mutation_on_saved_tensors_allowed`` answers yes while inside)."""
+    if not off:
+        yield
+        return
+    allowed = sac2._compat.mutation_on_saved_tensors_allowed
+    sac2._compat.mutation_on_saved_tensors_allowed = lambda: True
+    try:
+        yield
+    finally:
+        sac2._compat.mutation_on_saved_tensors_allowed = allowed
+
+
 @dataclass
 class Row:
     name: str
     label: str  # its save list's name in ``clients_regions.SAVES``
     model: nn.Module
     release: bool = False  # the release's row, the others' baseline
+    unchecked: bool = False  # runs without the in-place check of saved tensors
     times: list[float] = field(default_factory=list)
     kept: int = 0
     equal: bool = False
@@ -175,6 +194,8 @@ def _rows(case: Case, ref: ModuleType) -> list[Row]:
         for keep in (False, True):
             rows.append(_now_row(base, case, f"now regions {label}{', inputs kept' if keep else ''}", label, save,
                                  keep))
+        rows.append(_now_row(base, case, f"now regions {label}, no in-place check", label, save, False))
+        rows[-1].unchecked = True
         if save is not None and "experts" in save and experts:
             # The release's "experts" made each experts module one region; now it names their matmul calls.
             modules = [t for t in save if t != "experts"] + experts
@@ -183,7 +204,8 @@ def _rows(case: Case, ref: ModuleType) -> list[Row]:
     want = case.loss(reference)
     want.backward()
     for row in rows:
-        memory, loss = measure_step(functools.partial(case.loss, row.model), "cpu")
+        with _without_inplace_check(row.unchecked):
+            memory, loss = measure_step(functools.partial(case.loss, row.model), "cpu")
         row.kept = memory.kept
         row.equal = grads_equal(row.model, loss, reference, want, bitwise=True)
     return rows
@@ -195,11 +217,12 @@ def measure(case: Case, ref: ModuleType, rounds: int, steps: int) -> list[Row]:
         for i in turns(r, len(rows)):
             row = rows[i]
             turn = []
-            for _ in range(steps):
-                row.model.zero_grad(set_to_none=True)
-                start = time.thread_time()
-                case.loss(row.model).backward()
-                turn.append(time.thread_time() - start)
+            with _without_inplace_check(row.unchecked):
+                for _ in range(steps):
+                    row.model.zero_grad(set_to_none=True)
+                    start = time.thread_time()
+                    case.loss(row.model).backward()
+                    turn.append(time.thread_time() - start)
             row.times.append(statistics.median(turn))
     return rows
 

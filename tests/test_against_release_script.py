@@ -13,12 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
+
+import sac2
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "against_release.py"
 ROWS = ["ref regions attention", "now regions attention", "now regions attention, inputs kept",
-        "ref regions matmuls", "now regions matmuls", "now regions matmuls, inputs kept"]
+        "now regions attention, no in-place check", "ref regions matmuls", "now regions matmuls",
+        "now regions matmuls, inputs kept", "now regions matmuls, no in-place check"]
 
 
 def _has_commit(commit: str) -> bool:
@@ -64,6 +68,29 @@ def test_prints_every_row_with_gradients_equal_to_no_checkpointing(run):
 def test_this_checkouts_default_regions_keep_less_than_the_releases(run):
     rows = _rows(run[0])
     assert rows["now regions matmuls"][0] < rows["ref regions matmuls"][0]
+
+
+def test_the_unchecked_row_keeps_what_the_checked_one_keeps(run):
+    rows = _rows(run[0])
+    assert rows["now regions attention, no in-place check"] == rows["now regions attention"]
+
+
+def _write_into_a_saved_tensor() -> None:
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x * 2
+        return torch.sin(h), h  # sin saves h
+
+    out, h = sac2.checkpoint(f, torch.randn(3, requires_grad=True), use_reentrant=False)
+    with torch.no_grad():
+        h.add_(1)
+    out.sum().backward()
+
+
+def test_the_unchecked_row_runs_without_the_in_place_check_and_puts_it_back(script):
+    with script._without_inplace_check(True):
+        _write_into_a_saved_tensor()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _write_into_a_saved_tensor()
 
 
 def test_leaves_no_release_module_or_pickle_reducer_behind(run):
