@@ -171,7 +171,7 @@ _warned_nested: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 def _warn_if_nested(module: nn.Module) -> None:
     """Warn, once per module, when it is about to be checkpointed inside another checkpoint's forward."""
-    if module in _warned_nested or torch.compiler.is_compiling() or not _compat.in_checkpoint_forward():
+    if torch.compiler.is_compiling() or module in _warned_nested or not _compat.in_checkpoint_forward():
         return
     _warned_nested.add(module)
     warnings.warn(messages.nested_checkpoint(module), stacklevel=3)
