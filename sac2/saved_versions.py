@@ -55,17 +55,16 @@ class SavedVersions:
         cannot make again (3a)."""
         if saved is None:
             return
-        w = saved[0]
-        x = w if isinstance(w, Tensor) else w()
+        x = _tensor(saved)
         packed_version = saved[1]
         if x is None or _version(x) == packed_version:
             return
         tensor = _described(x, saved)
         if self.user_hooks is None:
             node = _compat.current_node_name() if here else None
-            raise RuntimeError(messages.saved_tensor_modified(tensor, _compat.version(x), packed_version, node, i))
+            raise RuntimeError(messages.saved_tensor_modified(tensor, _version(x), packed_version, node, i))
         ended = self.end_versions[i] if self.end_versions is not None else packed_version
-        if _compat.version(x) != ended and self._hooks_keep(x.device):
+        if _version(x) != ended and self._hooks_keep(x.device):
             raise RuntimeError(messages.saved_tensor_written_after_forward(tensor, i))
 
     def check_inputs(self) -> None:
@@ -75,21 +74,21 @@ class SavedVersions:
         them; that one's check would name a node that never saved them)."""
         for k, e in self.inputs:
             x = _tensor(e)
-            if x is not None and _compat.version(x) != e[1]:
-                raise RuntimeError(messages.checkpoint_input_modified(_described(x, e), _compat.version(x), e[1], k))
+            if x is not None and _version(x) != e[1]:
+                raise RuntimeError(messages.checkpoint_input_modified(_described(x, e), _version(x), e[1], k))
 
     def changed(self, i: int) -> bool:
         """Whether the tensor saved at position ``i`` was written in place since it was saved."""
         entry = self.entries[i] if self.entries is not None else None
         x = _tensor(entry)
-        return entry is not None and x is not None and _compat.version(x) != entry[1]
+        return entry is not None and x is not None and _version(x) != entry[1]
 
     def end_forward(self) -> None:
         """The forward is done: under the user's hooks, note each position's version (a later change is a write
         after the forward)."""
         if self.user_hooks is None or self.entries is None:
             return
-        self.end_versions = [None if x is None else _compat.version(x) for x in map(_tensor, self.entries)]
+        self.end_versions = [None if x is None else _version(x) for x in map(_tensor, self.entries)]
 
     def replaying_writes(self, early_stop: bool) -> tuple[bool, frozenset[int]]:
         """Rule 3a, for each tensor the forward wrote into after saving it under the user's hooks: where they keep
