@@ -177,10 +177,11 @@ def _experts_classes(model: nn.Module) -> list[type]:
     return sorted(inner, key=str)
 
 
-def _now_row(base: nn.Module, case: Case, name: str, label: str, save: list[Any] | None, keep: bool) -> Row:
+def _now_row(base: nn.Module, case: Case, name: str, label: str, save: list[Any] | None, keep: bool,
+             unchecked: bool = False) -> Row:
     model = copy.deepcopy(base)
     sac2.apply_ac(model, "regions", save=save, blocks=case.blocks(model), keep_inputs=keep)
-    return Row(name, label, model)
+    return Row(name, label, model, unchecked=unchecked)
 
 
 def _rows(case: Case, ref: ModuleType) -> list[Row]:
@@ -194,8 +195,8 @@ def _rows(case: Case, ref: ModuleType) -> list[Row]:
         for keep in (False, True):
             rows.append(_now_row(base, case, f"now regions {label}{', inputs kept' if keep else ''}", label, save,
                                  keep))
-        rows.append(_now_row(base, case, f"now regions {label}, no in-place check", label, save, False))
-        rows[-1].unchecked = True
+        rows.append(_now_row(base, case, f"now regions {label}, no in-place check", label, save, False,
+                             unchecked=True))
         if save is not None and "experts" in save and experts:
             # The release's "experts" made each experts module one region; now it names their matmul calls.
             modules = [t for t in save if t != "experts"] + experts
