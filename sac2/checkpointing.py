@@ -12,8 +12,8 @@ import functools
 import inspect
 from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
 
-import torch
 import torch.utils.checkpoint as _tuc
+from torch.compiler import is_compiling
 
 from sac2 import _compat, frame_entry, messages
 from sac2.answers import Policy, as_policy
@@ -218,7 +218,7 @@ def _run(
     ``use_reentrant=True``."""
     if kwargs and not _OPTIONS.isdisjoint(kwargs):  # the decorator form passes them to the function, as torch's does
         function, kwargs = functools.partial(function, **kwargs), {}
-    compiling = torch.compiler.is_compiling()
+    compiling = is_compiling()
     if use_reentrant or compiling:
         return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), options)
     return frame_entry.run(function, args, kwargs, **options)

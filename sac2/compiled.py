@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
-import torch
+from torch.compiler import is_compiling
 
 from sac2 import _compat, dispatch_flags, messages
 from sac2.modes import SacMode
@@ -56,7 +56,7 @@ class compiled_region:
         self._popped: list[_compat.TorchDispatchMode] = []
 
     def __enter__(self) -> None:
-        if torch.compiler.is_compiling():
+        if is_compiling():
             return
         modes = sac2_modes_on_top()
         for mode in modes:

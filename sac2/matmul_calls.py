@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch.compiler import is_compiling
 from torch.overrides import TorchFunctionMode
 
 from sac2.draws import plain_call
@@ -49,7 +50,7 @@ class MatmulCalls(TorchFunctionMode):
         if func in MATMULS:
             # torch has this mode off while it handles a call: a plain call is the matmul alone, which draws nothing
             # and, without out=, writes nothing
-            pure = not torch.compiler.is_compiling() and "out" not in kwargs and plain_call(args, kwargs)
+            pure = not is_compiling() and "out" not in kwargs and plain_call(args, kwargs)
             return call_region(self.key, func, args, kwargs, pure)
         return func(*args, **kwargs)
 

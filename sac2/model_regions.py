@@ -29,10 +29,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
-import torch
 from torch import nn
+from torch.compiler import is_compiling
 
 from sac2 import messages, module_class
+from sac2._compat import annotate_region
 from sac2.draws import plain_call
 from sac2.keys import Region
 from sac2.matmul_calls import matmuls_as_regions
@@ -52,9 +53,11 @@ Target = str | type
 
 
 def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    key: Region = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
-    pure = not torch.compiler.is_compiling() and _plain_linear(self, forward, args, kwargs)
-    return call_region(key, forward, args, kwargs, pure)
+    name: str = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
+    if is_compiling():  # traced through: the policy decides its ops as one region (its name alone is guarded)
+        with annotate_region(name):
+            return forward(*args, **kwargs)
+    return call_region(region_key(name), forward, args, kwargs, _plain_linear(self, forward, args, kwargs))
 
 
 def _plain_linear(module: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
@@ -73,8 +76,7 @@ _LINEAR_FORWARD = nn.Linear.forward
 
 
 def _matmuls_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    key: Region = vars(self)["_sac2_region"]
-    return matmuls_as_regions(key, forward, args, kwargs)
+    return matmuls_as_regions(region_key(vars(self)["_sac2_region"]), forward, args, kwargs)
 
 
 #: The two kinds of module region (``module_class`` kinds): the module's call, or its matmul calls (experts).
@@ -88,8 +90,8 @@ Chosen = dict[str, tuple[str, nn.Module, str] | None]
 
 def region_name_of(module: nn.Module) -> str | None:
     """The region a module's calls are (set by ``make_regions``), or None."""
-    key: Region | None = vars(module).get("_sac2_region")
-    return key.name if key is not None else None
+    name: str | None = vars(module).get("_sac2_region")
+    return name
 
 
 def _matches(target: Target, name: str, module: nn.Module) -> bool:
@@ -170,7 +172,7 @@ def _make_region_modules(chosen: Chosen) -> set[str]:
             continue
         name, module, kind = found
         _refuse(module, name)
-        vars(module)["_sac2_region"] = region_key(name)
+        vars(module)["_sac2_region"] = name
         module_class.restore_class(module, MATMULS if kind == REGION else REGION)  # made the other kind before
         if not module_class.is_kind(module, kind):  # made a region before: renamed only
             module_class.swap_class(module, kind)

@@ -24,7 +24,7 @@ def register_kind(kind: str, forward: Callable[..., Any]) -> None:
     _kinds[kind] = forward
 
 
-def _subclass(cls: type, kind: str) -> type:
+def _subclass(cls: type[nn.Module], kind: str) -> type:
     found = _classes.get((cls, kind))
     if found is not None:
         return found
@@ -32,8 +32,9 @@ def _subclass(cls: type, kind: str) -> type:
     new: type  # made below, before any call of forward
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        # mypy cannot follow super() of a class made at run time.
-        return wrap(self, super(new, self).forward, *args, **kwargs)  # type: ignore[arg-type]
+        # The parent's forward read from ``cls``, a closure cell dynamo guards once per class, not through
+        # ``super()``, whose MRO walk it guards on every instance.
+        return wrap(self, cls.forward.__get__(self, new), *args, **kwargs)
 
     def __reduce_ex__(
         self: nn.Module, _protocol: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar, overload
 
-import torch
+from torch.compiler import is_compiling
 
 from sac2 import _compat, region_record, region_saves
 from sac2.compiled import compiled_region, sac2_modes_on_top
@@ -40,13 +40,16 @@ _regions: dict[str, Region] = {}
 
 def region_key(name: str) -> Region:
     """The one ``Region`` object of a name (``ReplayMode`` matches keys by identity)."""
-    return _regions.setdefault(name, Region(name))
+    key = _regions.get(name)
+    if key is None:
+        key = _regions[name] = Region(name)
+    return key
 
 
 def in_region_context() -> bool:
     """Whether a ``call_region`` here is a region call (inside sac2 SAC, or traced by torch.compile), not a plain
     call."""
-    if torch.compiler.is_compiling() or region_record.active() is not None:
+    if is_compiling() or region_record.active() is not None:
         return True
     return bool(_compat.mode_stack_len() and sac2_modes_on_top())
 
@@ -57,7 +60,7 @@ def call_region(
     """``fn(*args, **kwargs)`` as a region call: one op for the policy inside sac2 SAC, traced inside an annotation
     under torch.compile, a plain call elsewhere. ``pure``: the caller knows ``fn`` draws no random numbers and
     writes none of its arguments here (``sac2.region_call.RegionCall.pure``)."""
-    if torch.compiler.is_compiling():
+    if is_compiling():
         with _compat.annotate_region(key.name):  # traced through: the policy decides its ops as one region
             return fn(*args, **kwargs)
     body = fn  # no mode on the stack: nothing for ``compiled_region()`` to take off

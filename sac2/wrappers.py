@@ -23,8 +23,12 @@ from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 from torch import nn
+from torch.compiler import is_compiling
 
 from sac2 import _compat, messages, module_class
+from sac2._compat import (
+    child_module,  # not read through ``_compat``, which sac2.checkpointing's compiled path reads too
+)
 from sac2.checkpointing import checkpoint
 
 __all__ = [
@@ -132,18 +136,18 @@ class CheckpointWrapper(ActivationWrapper):
         self._reentrant = reentrant
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        module = child_module(self, _WRAPPED)
         if self._reentrant and kwargs:
             # Reentrant checkpoint passes only positional arguments through autograd.Function.
             names = tuple(kwargs)
-            module = self._checkpoint_wrapped_module
 
             def run(*flat: Any) -> Any:
                 n = len(flat) - len(names)
                 return module(*flat[:n], **dict(zip(names, flat[n:], strict=True)))
 
             return self.checkpoint_fn(run, *args, *kwargs.values())
-        _warn_if_nested(self._checkpoint_wrapped_module)
-        return self.checkpoint_fn(self._checkpoint_wrapped_module, *args, **kwargs)
+        _warn_if_nested(module)
+        return self.checkpoint_fn(module, *args, **kwargs)
 
 
 class OffloadWrapper(ActivationWrapper):
@@ -171,7 +175,7 @@ _warned_nested: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 def _warn_if_nested(module: nn.Module) -> None:
     """Warn, once per module, when it is about to be checkpointed inside another checkpoint's forward."""
-    if torch.compiler.is_compiling() or module in _warned_nested or not _compat.in_checkpoint_forward():
+    if is_compiling() or module in _warned_nested or not _compat.in_checkpoint_forward():
         return
     _warned_nested.add(module)
     warnings.warn(messages.nested_checkpoint(module), stacklevel=3)

@@ -56,6 +56,7 @@ from sac2._compat.dispatch import (
 )
 from sac2._compat.distributed import (
     CheckpointImpl,
+    child_module,
     register_activation_wrapper,
     torch_wrapper_function,
     wrap_policy_targets,
@@ -233,6 +234,7 @@ __all__ = [
     "torch_frame_bindings",
     "CheckpointImpl",
     "register_activation_wrapper",
+    "child_module",
     "wrap_policy_targets",
     "torch_wrapper_function",
     "allocation_sizes",

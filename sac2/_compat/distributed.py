@@ -12,7 +12,9 @@ import torch
 
 from sac2 import messages
 
-__all__ = ["CheckpointImpl", "register_activation_wrapper", "wrap_policy_targets", "torch_wrapper_function"]
+__all__ = [
+    "CheckpointImpl", "register_activation_wrapper", "wrap_policy_targets", "torch_wrapper_function", "child_module",
+]
 
 
 _wrappers: types.ModuleType | None
@@ -36,6 +38,16 @@ def register_activation_wrapper(cls: type, kind: str) -> None:
     """
     if _wrappers is not None:
         getattr(_wrappers, kind).register(cls)
+
+
+def child_module(module: torch.nn.Module, name: str) -> torch.nn.Module:
+    """``module``'s child ``name``, read from the dict where torch keeps children rather than through
+    ``nn.Module.__getattr__``: one dict read in eager, and no guards on the parent's parameter and buffer dicts
+    when dynamo traces it (an activation wrapper's forward, on every call of compiled code).
+
+    Removable: never: ``nn.Module._modules`` is where torch keeps children; read here, in one package.
+    """
+    return module._modules[name]  # type: ignore[return-value]
 
 
 def wrap_policy_targets(policy: object, root: torch.nn.Module) -> dict[torch.nn.Module, dict[str, Any]]:
