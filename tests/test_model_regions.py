@@ -167,3 +167,21 @@ def test_a_saved_linear_region_keeps_the_random_stream_of_the_ops_after_it(draws
     sac2.apply_ac(model, "regions", save=["linear"], blocks=model.blocks)
     got = grads(model)
     assert all(torch.equal(g, r) for g, r in zip(got, reference, strict=True))
+
+
+def test_compiled_regions_guard_no_object_that_sac2_reaches_from_two_places():
+    """dynamo checks, in Python on every call of compiled code, that an object it reached from two places is still
+    one object. A region module's name is guarded as a constant (not a ``Region`` every block shares) and sac2's
+    modules read no global another module reads too, so one-line regions add none of those checks."""
+    model = _model()
+    sac2.apply_ac(model, "regions", blocks=model.blocks)
+    guards = []
+
+    def keep_all(entries):
+        guards.extend(entries)
+        return [True] * len(entries)
+
+    torch._dynamo.reset()
+    torch.compile(model, backend="eager", options={"guard_filter_fn": keep_all})(*_batch()).backward()
+    aliases = [g.name for g in guards if g.guard_type == "DUPLICATE_INPUT"]
+    assert guards and not [n for n in aliases if "_sac2_region" in n or "__import_sac2_dot" in n], aliases
