@@ -33,12 +33,11 @@ from torch import nn
 from torch.compiler import is_compiling
 
 from sac2 import messages, module_class
-from sac2._compat import annotate_region
 from sac2.draws import plain_call
 from sac2.keys import Region
 from sac2.matmul_calls import matmuls_as_regions
 from sac2.module_names import names_module
-from sac2.regions import call_region, region_key
+from sac2.regions import call_region, region_key, traced_region
 
 __all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
 
@@ -54,9 +53,8 @@ Target = str | type
 
 def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     name: str = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
-    if is_compiling():  # traced through: the policy decides its ops as one region (its name alone is guarded)
-        with annotate_region(name):
-            return forward(*args, **kwargs)
+    if is_compiling():  # its name alone is guarded, not a Region every block shares
+        return traced_region(name, forward, args, kwargs)
     return call_region(region_key(name), forward, args, kwargs, _plain_linear(self, forward, args, kwargs))
 
 

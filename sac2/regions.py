@@ -16,11 +16,12 @@ from typing import Any, Callable, TypeVar, overload
 from torch.compiler import is_compiling
 
 from sac2 import _compat, region_record, region_saves
+from sac2._compat import annotate_region  # by name: the compiled path reads no global another module reads
 from sac2.compiled import compiled_region, sac2_modes_on_top
 from sac2.keys import Region
 from sac2.region_call import RegionCall
 
-__all__ = ["region", "call_region", "region_key", "in_region_context"]
+__all__ = ["region", "call_region", "traced_region", "region_key", "in_region_context"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,8 +62,7 @@ def call_region(
     under torch.compile, a plain call elsewhere. ``pure``: the caller knows ``fn`` draws no random numbers and
     writes none of its arguments here (``sac2.region_call.RegionCall.pure``)."""
     if is_compiling():
-        with _compat.annotate_region(key.name):  # traced through: the policy decides its ops as one region
-            return fn(*args, **kwargs)
+        return traced_region(key.name, fn, args, kwargs)
     body = fn  # no mode on the stack: nothing for ``compiled_region()`` to take off
     if _compat.mode_stack_len():
         body = functools.partial(_body, fn)
@@ -73,6 +73,13 @@ def call_region(
     if context is not None:
         return context.region(RegionCall(key, body, args, kwargs, pure))
     return fn(*args, **kwargs)
+
+
+def traced_region(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``fn(*args, **kwargs)`` traced by torch.compile inside region ``name``'s annotation: the policy decides its
+    ops as one region. Takes the name, not the ``Region``, so a caller can keep dynamo's guards to a constant."""
+    with annotate_region(name):
+        return fn(*args, **kwargs)
 
 
 @overload
