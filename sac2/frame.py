@@ -320,5 +320,6 @@ def _copy(x: Tensor) -> Tensor:
         return x.clone()
 
 
-# What backward calls: never traced by dynamo (compiled autograd would see eager hooks), as torch disables its own.
-_compat.skip_dynamo_in_code(Frame.unpack, Frame.recompute, _run_in)
+# What autograd calls (the pack hooks of forward and recompute, unpack, recompute): never traced by dynamo, even
+# where it runs inside compiled code (a compiled submodule saving for backward), as torch disables its own.
+_compat.skip_dynamo_in_code(Frame.hooks, Frame._recompute_hook, Frame.unpack, Frame.recompute, _run_in)

@@ -287,3 +287,8 @@ def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
         else:
             pack(t.as_strided(view_size, view_stride, t.storage_offset() + offset))
     return True
+
+
+# Autograd calls these from C++, also inside compiled code (a compiled submodule in a saved region's body), where
+# dynamo would trace them as the user's code.
+_compat.skip_dynamo_in_code(_KeepAll.pack, _Saves.pack, _Saves.unpack, _Rerun.pack, _Rerun.unpack, _unpack_kept)

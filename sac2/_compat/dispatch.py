@@ -236,14 +236,20 @@ class _Code(Protocol):
 
 
 def skip_dynamo_in_code(*functions: _Code) -> None:
-    """Never let dynamo trace these functions or what they call (marked on their code objects: no per-call cost).
+    """Never let dynamo trace these functions, the functions they define (a hook made per call is a closure) or
+    what any of them calls: marked on their code objects, no per-call cost. Autograd runs saved-tensor hooks from
+    C++, so inside compiled code (a compiled submodule saving for backward) dynamo would otherwise trace them.
 
     Removable: ``torch.compiler.disable`` marks code objects instead of wrapping calls.
     """
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
-    for fn in functions:
-        set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    skip = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    codes = [fn.__code__ for fn in functions]
+    while codes:
+        code = codes.pop()
+        set_code_exec_strategy(code, skip)
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 #: Whether FX symbolic tracing (or a tracer built on it) is running: a module flag before torch 2.15, a
