@@ -17,7 +17,7 @@ is ``apply_ac``'s default):
   error for a write into a tensor saved for backward, which the release's frame did not make), to tell its cost
   apart from the rest of the difference. Attribution only: sac2 has no switch for it.
 
-Memory: one untimed step per row under ``sac2.bench.memory.measure_step`` (kept = allocated by forward and alive
+Memory: one untimed step per row under ``sac2.measure.memory.measure_step`` (kept = allocated by forward and alive
 when backward starts): a row the release runs differently (a call it did not make a region) shows there.
 
 Models: the bench's ``tiny`` and ``small`` (``sac2.bench.models``), and the client models of
@@ -51,10 +51,10 @@ import torch
 from torch import nn
 
 import sac2
-from sac2.bench.job import grads_equal
-from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
-from sac2.bench.rotation import turns
+from sac2.measure.memory import measure_step
+from sac2.measure.rotation import turns
+from sac2.measure.step import grads_equal
 
 #: 0.3.0's commit: the release the issues compare step times with.
 RELEASE = "7f4cc5b"

@@ -19,7 +19,7 @@ seq 64, batch 2). Each model, one copy per row, same weights:
 
 Time: this thread's CPU time (``time.thread_time``) of one forward+backward, one thread; the rows take turns
 within each round in a rotating order (as ``benchmarks/overhead.py``), medians over rounds. Memory: one untimed
-step per row under ``sac2.bench.memory.measure_step`` (kept = allocated by forward and alive when backward
+step per row under ``sac2.measure.memory.measure_step`` (kept = allocated by forward and alive when backward
 starts). Exactness: that step's loss and every gradient against ``none``'s, bitwise (``torch.equal``). Then the
 rows that Pareto-dominate stock SAC (step time and kept memory both no higher) are listed. Numbers only: nothing
 here is asserted (``tests/clients/test_clients_regions_script.py`` runs ``--smoke``).
@@ -46,9 +46,9 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import sac2
-from sac2.bench.memory import measure_step
-from sac2.bench.output import pareto_front
-from sac2.bench.rotation import turns
+from sac2.measure.memory import measure_step
+from sac2.measure.pareto import pareto_front
+from sac2.measure.rotation import turns
 
 MODELS = ("hf-llama", "hf-qwen3-moe", "tt-llama3")
 STOCK = "stock SAC"

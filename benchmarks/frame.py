@@ -46,7 +46,7 @@ from torch import nn
 import sac2
 from sac2.bench.checkpoint_modes import remat_available
 from sac2.bench.models import CONFIGS, REGION_NAMES, Block, ModelConfig, RegionWrap
-from sac2.bench.rotation import turns
+from sac2.measure.rotation import turns
 from sac2.policies import llm_save_list
 
 #: The workloads: a stack of ``n_layers`` blocks of each config.

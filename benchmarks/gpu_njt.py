@@ -9,7 +9,7 @@ under ``torch.compile`` of the wrapped block, each compiled row after ``torch._d
 step time, its ratio to no AC of the same kind, peak memory, the attention kernels that ran again in backward (counted
 by a dispatch mode over one more, untimed backward: served ops never reach it; compiled code reaches it through its
 fallback kernels), the graphs dynamo compiled, and whether loss and gradients match no AC (bitwise in eager,
-allclose under compile). On CUDA every row runs under ``sac2.bench.determinism.deterministic_kernels``: without it
+allclose under compile). On CUDA every row runs under ``sac2.measure.determinism.deterministic_kernels``: without it
 attention's backward differs from run to run and no row could match bitwise.
 
     python benchmarks/gpu_njt.py --json njt.json      # GPU, bf16, about a minute on one H200
@@ -34,7 +34,7 @@ from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as tcw
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sac2
-from sac2.bench.determinism import deterministic_kernels
+from sac2.measure.determinism import deterministic_kernels
 from sac2.policies import llm
 
 __all__ = ["Config", "MODES", "run", "main"]

@@ -6,7 +6,7 @@ recomputed): MUST_SAVE keeps them on the GPU, MUST_CPU_OFFLOAD moves them to pin
 recompute keeps nothing. For each: GPU memory still allocated after forward (what forward keeps for backward,
 outputs included), peak of the step, median step time (and forward's share), and the device memory each step
 leaves allocated (0 unless something leaks). Gradients of the offload run are checked bit for bit against the save
-run, under ``sac2.bench.determinism.deterministic_kernels`` (without it attention's backward differs from run to
+run, under ``sac2.measure.determinism.deterministic_kernels`` (without it attention's backward differs from run to
 run; its NaN-filling of ``torch.empty`` is off, see ``main``). Beside them, the machine's own floor for the same
 bytes: one pinned device-to-host and one host-to-device copy of everything offload moves, and what allocating that
 much pinned memory costs; then the top entries of torch's profiler over one offload step, to show where its time
@@ -27,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import sac2
-from sac2.answers import CheckpointPolicy
-from sac2.bench.determinism import deterministic_kernels
+from sac2.core.decisions import CheckpointPolicy
+from sac2.measure.determinism import deterministic_kernels
 
 aten = torch.ops.aten
 KEEP = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sac2
 from sac2.bench.length_curve import curve
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
-from sac2.bench.rotation import turns
+from sac2.measure.rotation import turns
 from sac2.policies import llm_save_list
 
 CHAIN_LEN = 100

@@ -1,23 +1,21 @@
 """sac2: selective activation checkpointing that handles every op, HOP and compiled region, and is faster.
 
 Change ``from torch.utils.checkpoint import ...`` to ``from sac2 import ...``; everything else stays.
+
+The library's names are imported here; the tools' (``advise``, ``Advice``, ``explain``, ``Report``,
+``plot_budgets``: ``sac2.advisor``; ``activation_memory``: ``sac2.measure``) on first use, so that ``import sac2``
+loads no tool.
 """
 
-from sac2 import policies
-from sac2.advice import Advice
-from sac2.advisor import advise
-from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext
-from sac2.apply import apply_ac
-from sac2.checkpointing import checkpoint, create_selective_checkpoint_contexts
-from sac2.compiled import compiled_region
-from sac2.frame_switches import preserve_generators, use_torch_frame
-from sac2.integrations import install, installed
-from sac2.keys import Region, region_of
-from sac2.notices import forward_count
-from sac2.profile import activation_memory
-from sac2.regions import region
-from sac2.report import Report, explain, plot_budgets
-from sac2.wrappers import (
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from sac2 import messages, policies
+from sac2.api.apply import apply_ac
+from sac2.api.checkpointing import checkpoint, create_selective_checkpoint_contexts
+from sac2.api.wrappers import (
     ActivationWrapper,
     CheckpointImpl,
     CheckpointWrapper,
@@ -27,6 +25,18 @@ from sac2.wrappers import (
     checkpoint_wrapper,
     offload_wrapper,
 )
+from sac2.core import moved
+from sac2.core.decisions import CheckpointPolicy, SelectiveCheckpointContext
+from sac2.core.keys import Region, region_of
+from sac2.core.notices import forward_count
+from sac2.frame.switches import preserve_generators, use_torch_frame
+from sac2.integrations import install, installed
+from sac2.modes.compiled import compiled_region
+from sac2.regions.calls import region
+
+if TYPE_CHECKING:
+    from sac2.advisor import Advice, Report, advise, explain, plot_budgets
+    from sac2.measure.kept import activation_memory
 
 __all__ = [
     "checkpoint",
@@ -60,4 +70,29 @@ __all__ = [
     "installed",
 ]
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
+
+#: The tools' names: where each lives, imported on first use.
+_TOOLS = {
+    "advise": "sac2.advisor",
+    "Advice": "sac2.advisor",
+    "explain": "sac2.advisor",
+    "Report": "sac2.advisor",
+    "plot_budgets": "sac2.advisor",
+    "activation_memory": "sac2.measure.kept",
+}
+
+moved.install()
+
+
+def __getattr__(name: str) -> Any:
+    module = _TOOLS.get(name)
+    if module is None:
+        raise AttributeError(messages.no_attribute(__name__, name))
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # found once: later reads are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown command {argv[0]!r}; the commands are: {commands}")
     parser.parse_args(argv[:1])  # answers -h / --help
     if argv[0] == "advise":
-        from sac2 import advisor_cli
+        from sac2.advisor import cli as advisor_cli
 
         return advisor_cli.main(argv[1:])
     from sac2 import bench

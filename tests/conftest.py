@@ -20,7 +20,7 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _fresh_sac2_warnings():
     """sac2 warns once per op per process; each test sees its own warnings."""
-    from sac2 import notices
+    from sac2.core import notices
 
     notices._warned.clear()
     yield

@@ -22,10 +22,11 @@ from expecttest import TestCase
 from torch import nn
 
 import sac2
-from sac2 import advisor, advisor_cli
+from sac2 import advisor
 from sac2.__main__ import main
-from sac2.bench.memory import measure_step
-from sac2.wrappers import CheckpointWrapper
+from sac2.advisor import cli as advisor_cli
+from sac2.api.wrappers import CheckpointWrapper
+from sac2.measure.memory import measure_step
 
 
 class Attention(nn.Module):

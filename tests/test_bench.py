@@ -15,9 +15,10 @@ from expecttest import TestCase
 import sac2
 from sac2 import bench
 from sac2.__main__ import main as cli_main
-from sac2.bench import checkpoint_modes, cli, job, output
+from sac2.bench import checkpoint_modes, cli, job
 from sac2.bench.models import CONFIGS, REGION_NAMES, Transformer, random_tokens
-from sac2.model_regions import region_name_of
+from sac2.measure import pareto, step
+from sac2.regions.in_models import region_name_of
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ class TestShortRun(TestCase):
 
     def test_prints_and_writes_the_pareto_front(self):
         modes = self.result[2]["modes"]
-        front = [modes[i]["name"] for i in output.pareto_front([(m["median_s"], m["kept_bytes"]) for m in modes])]
+        front = [modes[i]["name"] for i in pareto.pareto_front([(m["median_s"], m["kept_bytes"]) for m in modes])]
         self.assertEqual(self.result[2]["pareto_front"], front)
         self.assertIn(f"no other row is faster and keeps less): {', '.join(front)}\n", self.result[1])
 
@@ -158,10 +159,10 @@ class TestRows(TestCase):
 class TestParetoFront(TestCase):
     def test_keeps_the_points_no_other_beats_on_both(self):
         points = [(10, 90), (30, 10), (12, 60), (20, 60), (40, 5), (35, 20)]
-        self.assertEqual(output.pareto_front(points), [0, 1, 2, 4])
+        self.assertEqual(pareto.pareto_front(points), [0, 1, 2, 4])
 
     def test_equal_points_are_both_on_the_front(self):
-        self.assertEqual(output.pareto_front([(1, 1), (1, 1), (2, 2)]), [0, 1])
+        self.assertEqual(pareto.pareto_front([(1, 1), (1, 1), (2, 2)]), [0, 1])
 
 
 class TestRegionModel(TestCase):
@@ -251,7 +252,7 @@ class TestProgressBar(TestCase):
     def test_draws_on_a_terminal(self):
         err = _Terminal()
         with contextlib.redirect_stderr(err):
-            progress = job._Progress(2)
+            progress = step.Progress(2)
             progress.step()
             progress.step()
         self.assertExpectedInline(
@@ -264,13 +265,13 @@ class TestProgressBar(TestCase):
     def test_stays_silent_when_stderr_is_not_a_terminal(self):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            job._Progress(1).step()
+            step.Progress(1).step()
         self.assertEqual(err.getvalue(), "")
 
 
 def test_a_run_leaves_every_regions_keep_inputs_setting_as_it_found_it():
-    from sac2 import region_saves
-    from sac2.keys import Region
+    from sac2.core.keys import Region
+    from sac2.record import region_saves
 
     region_saves.keep_inputs(["qkv"], True)  # a user's own setting for a name the bench's model uses too
     try:

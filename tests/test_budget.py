@@ -10,9 +10,10 @@ from expecttest import TestCase
 from torch import nn
 
 import sac2
+from sac2.measure.kept import activation_memory
 from sac2.policies import llm_save_list
 from sac2.policies.budget import memory_budget
-from sac2.profile import activation_memory, profile
+from sac2.policies.profile import profile
 
 from helpers import Block
 
@@ -60,7 +61,7 @@ class TestMemoryBudget(TestCase):
         model, x = _model(), _input()
         for preset in (llm_save_list(), [aten.mm.default]):
             preset_profile = profile(model, (x,), cost="flops", policy=preset)
-            saved = [i for i, c in enumerate(preset_profile.calls) if sac2.answers.is_save(c.decision)]
+            saved = [i for i, c in enumerate(preset_profile.calls) if sac2.core.decisions.is_save(c.decision)]
             preset_bytes = preset_profile.kept_bytes(saved)
             policy = memory_budget(model, (x,), preset_bytes, cost="flops")
             self.assertLessEqual(policy.kept_bytes, preset_bytes)
@@ -157,7 +158,7 @@ class TestOnTheBenchModel(TestCase):
         block, x = self.block, (self.x,)
         everything = activation_memory(block, x, _save_all)
         preset = profile(block, x, cost="flops", policy=sac2.policies.llm())
-        saved = [i for i, c in enumerate(preset.calls) if sac2.answers.is_save(c.decision)]
+        saved = [i for i, c in enumerate(preset.calls) if sac2.core.decisions.is_save(c.decision)]
         preset_bytes, preset_cost = preset.kept_bytes(saved), preset.recompute_cost(saved)
         for budget in (0.3, 0.5, 0.7):
             policy = memory_budget(block, x, budget, cost="flops")

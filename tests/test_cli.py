@@ -15,7 +15,7 @@ from expecttest import TestCase
 
 from sac2.__main__ import main
 from sac2.bench import cli, models
-from sac2.bench.job import Result
+from sac2.measure.step import Result
 
 #: A bench command line that would run quickly, were the bench allowed to start.
 BENCH = ["bench", "--config", "tiny", "--steps", "1", "--curve", ""]

@@ -129,10 +129,11 @@ class TestSac2UnderCompile(TestCase):
 def test_the_modes_dispatch_without_a_dynamo_disable_wrapper_frame():
     # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo (about 1 us per op) unless the mode opts
     # out; sac2 opts out and marks the code object skipped instead, so the method is its own function.
-    from sac2.modes import CachingMode
-    from sac2.profile import _Profiling
-    from sac2.replay_mode import ReplayMode
+    from sac2.modes.forward import CachingMode
+    from sac2.modes.replay import ReplayMode
+    from sac2.policies.profile import _Profiling
 
     for mode in (CachingMode, ReplayMode, _Profiling):
-        assert mode.__dict__["__torch_dispatch__"].__module__ in ("sac2.modes", "sac2.replay_mode", "sac2.profile")
+        modules = ("sac2.modes.forward", "sac2.modes.replay", "sac2.policies.profile")
+        assert mode.__dict__["__torch_dispatch__"].__module__ in modules
         assert not hasattr(mode.__dict__["__torch_dispatch__"], "__wrapped__")

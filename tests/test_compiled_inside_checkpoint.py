@@ -167,10 +167,15 @@ def test_a_compiled_submodule_as_a_saved_region_traces_none_of_the_regions_hooks
     torch._dynamo.reset()
     linear = nn.Linear(32, 32)
     linear.compile(backend="aot_eager")
-    saved = sac2.region(linear, name="proj", keep_inputs=keep_inputs)
-    context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [sac2.Region("proj")])
+    name = f"compiled_linear_keeping_inputs_{keep_inputs}"  # a region name's keep_inputs holds process-wide
+    saved = sac2.region(linear, name=name, keep_inputs=keep_inputs)
+    context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [sac2.Region(name)])
     counters.clear()
-    got = _grads(linear, lambda b, x: sac2.checkpoint(lambda x: saved(x).sin() @ b.weight, x, context_fn=context_fn))
+    try:
+        got = _grads(linear, lambda b, x: sac2.checkpoint(lambda y: saved(y).sin() @ b.weight, x,
+                                                          context_fn=context_fn))
+    finally:
+        sac2.region(linear, name=name, keep_inputs=False)
     assert not counters["frames"]  # torch's Linear runs as it is: nothing for dynamo to compile
     want = _grads(linear, lambda b, x: b(x).sin() @ b.weight)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -1,4 +1,4 @@
-"""``sac2.bench.determinism``: the bench and ``sac2.advise`` switch torch's deterministic kernels on for CUDA runs
+"""``sac2.measure.determinism``: the bench and ``sac2.advise`` switch torch's deterministic kernels on for CUDA runs
 (without them attention's backward differs from run to run, so no bitwise check could hold) and leave every
 setting as they found it. The switch reads only the device type, so it is checked here without a GPU."""
 
@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from sac2.bench.determinism import CUBLAS_WORKSPACE, deterministic_kernels
+from sac2.measure.determinism import CUBLAS_WORKSPACE, deterministic_kernels
 
 CUDA = torch.device("cuda")
 

@@ -1,7 +1,7 @@
 """Saving MoE experts as one-line regions keeps what saving their matmuls op by op keeps.
 
 ``apply_ac(model, "regions", save=["experts"])`` makes each matmul call inside an experts module a call of one
-region (``sac2.matmul_calls``): saved, each keeps its output, and the cheap ops between them (the tokens each
+region (``sac2.regions.matmuls``): saved, each keeps its output, and the cheap ops between them (the tokens each
 expert gathers, the activation) run again in recompute, as they do when the matmuls are saved op by op. A whole
 experts body as one saved region kept all of them.
 """
@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import sac2
-from sac2.bench.memory import measure_step
-from sac2.model_regions import make_regions
+from sac2.measure.memory import measure_step
+from sac2.regions.in_models import make_regions
 
 from helpers import STYLES, OpRuns, backward_in_style, bitwise_equal
 

@@ -7,8 +7,8 @@ import torch
 from expecttest import TestCase
 from torch import nn
 
+from sac2.advisor.report import Report, explain, plot_budgets
 from sac2.policies.budget import memory_budget
-from sac2.report import Report, explain, plot_budgets
 
 aten = torch.ops.aten
 

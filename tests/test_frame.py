@@ -1,4 +1,4 @@
-"""sac2's eager checkpoint frame (``sac2.frame``) against torch's non-reentrant frame, behaviour by behaviour.
+"""sac2's eager checkpoint frame (``sac2.frame.frame``) against torch's non-reentrant frame, behaviour by behaviour.
 
 Each test runs one scenario twice: through ``sac2.checkpoint`` on sac2's frame, and the same under
 ``sac2.use_torch_frame()`` (torch's ``_checkpoint_without_reentrant_generator``), and asserts that what can be
@@ -36,8 +36,8 @@ from expecttest import TestCase
 from torch.utils._pytree import tree_flatten
 
 import sac2
-from sac2.bench.memory import Memory, measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
+from sac2.measure.memory import Memory, measure_step
 
 from helpers import Block, OpRuns, counted_op
 
@@ -1005,7 +1005,7 @@ def _block_step(block: Block, x: torch.Tensor, policy: Any, between: Callable[[]
 @POLICIES
 def test_two_threads_checkpointing_concurrently_get_the_single_threaded_results(policy):
     def threaded() -> list:
-        use_torch = sac2.frame_switches.torch_frame_in_use()  # the switch is per thread: each thread sets its own
+        use_torch = sac2.frame.switches.torch_frame_in_use()  # the switch is per thread: each thread sets its own
         blocks = _blocks()
         barrier, errors = threading.Barrier(2), []
         results: list[Any] = [None, None]

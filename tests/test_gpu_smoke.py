@@ -51,7 +51,7 @@ def test_gpu_all_runs_every_part_with_its_own_limit():
 
 
 def test_advise_factory_gives_the_bench_model_advise_can_check_bitwise(tmp_path, monkeypatch):
-    from sac2 import advisor_cli
+    from sac2.advisor import cli as advisor_cli
 
     monkeypatch.syspath_prepend(str(BENCHMARKS.parent))  # the factory is named benchmarks.gpu_advise:tiny
     out = tmp_path / "advice.json"

@@ -5,8 +5,8 @@ import random
 
 from expecttest import TestCase
 
-from sac2 import knapsack
-from sac2.knapsack import solve
+from sac2.policies import knapsack
+from sac2.policies.knapsack import solve
 
 
 def _brute_force(weights, values, capacity):

@@ -1,11 +1,11 @@
-"""sac2.bench.memory measures what a forward keeps for backward, checked against cases whose answer is known."""
+"""sac2.measure.memory measures what a forward keeps for backward, checked against cases whose answer is known."""
 
 import torch
 import torch.utils.checkpoint as tuc
 from expecttest import TestCase
 
 import sac2
-from sac2.bench.memory import measure_step
+from sac2.measure.memory import measure_step
 
 N_OPS = 4
 

@@ -1,4 +1,4 @@
-"""One rule for the module names sac2's APIs take (``sac2.module_names``), tested on the names each accepted before
+"""One rule for the module names sac2's APIs take (``sac2.core.module_names``), tested on the names each accepted before
 it: ``apply_ac``'s ``save`` globs, ``recompute_linears``' qualified-name suffixes; torchtitan's list keeps
 torchtitan's substring rule."""
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import sac2
-from sac2.module_names import names_module, torchtitan_names_module
+from sac2.core.module_names import names_module, torchtitan_names_module
 
 
 @pytest.mark.parametrize("name", ["layers.3.moe.router.gate", "router.gate", "gate", "*.gate", "layers.*.moe.*.gate"])

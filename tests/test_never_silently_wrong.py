@@ -362,7 +362,7 @@ def test_nested_checkpoints_sharing_one_policy_count_their_calls_apart():
 
 
 def test_memory_budget_keeps_separate_counts_for_interleaved_forwards():
-    from sac2.answers import ForwardContext
+    from sac2.core.decisions import ForwardContext
 
     block = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
     x = torch.randn(2, 4)
@@ -511,7 +511,7 @@ def test_saved_out_op_that_resizes_its_out_tensor_to_its_input_layout():
 
 def test_a_region_answered_cpu_offload_is_handed_to_the_offloader(monkeypatch):
     # On CUDA the offloader copies it to pinned host memory; on CPU it stays an ordinary save (no device here).
-    from sac2.saved import Saved
+    from sac2.record.saved import Saved
 
     offloaded = []
     real = Saved.to_host

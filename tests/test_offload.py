@@ -7,8 +7,8 @@ from expecttest import TestCase
 
 import sac2
 from sac2._compat import tree_map
-from sac2.answers import CheckpointPolicy
-from sac2.bench.memory import Memory, measure_step
+from sac2.core.decisions import CheckpointPolicy
+from sac2.measure.memory import Memory, measure_step
 
 from helpers import COUNTED, contexts, counted_op, randn
 
@@ -69,11 +69,11 @@ class TestCpuOffloadOnCpu(TestCase):
 
 
 class _HostLink:
-    """A stand-in for the CUDA host link, so the offload lifecycle runs on CPU: ``sac2.offload``'s four functions
+    """A stand-in for the CUDA host link, so the offload lifecycle runs on CPU: ``sac2.record.offload``'s four functions
     replaced by plain copies; every "host" copy is watched through a weak reference."""
 
     def __init__(self, monkeypatch) -> None:
-        from sac2 import offload
+        from sac2.record import offload
 
         self.copies: list[weakref.ref] = []
 
@@ -124,7 +124,7 @@ def test_what_offload_moved_to_the_host_is_freed_once_backward_has_used_it(monke
 
 
 def test_a_region_output_offloaded_to_the_host_is_not_kept_on_the_device_by_the_next_region(monkeypatch):
-    from sac2 import region_saves
+    from sac2.record import region_saves
 
     _HostLink(monkeypatch)
     a, b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)

@@ -19,7 +19,7 @@ from torch._ops import HigherOrderOperator
 
 import sac2
 from sac2 import policies
-from sac2.answers import ForwardContext, SaveList
+from sac2.core.decisions import ForwardContext, SaveList
 
 from helpers import contexts, randn
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import sac2
 from sac2 import policies
-from sac2.answers import ForwardContext, op_name
+from sac2.core.decisions import ForwardContext, op_name
 
 
 @torch.library.custom_op("sac2_test::flash_attn_fwd", mutates_args=())

@@ -1,4 +1,5 @@
-"""WHITE-BOX tests of the record (``sac2.record``): they read its internals on purpose and are the only tests that may.
+"""WHITE-BOX tests of the record (``sac2.record.record``): they read its internals on purpose and are the only tests
+that may.
 
 Every behaviour checked here is also checked from outside (what runs again in backward, bytes kept, gradients)
 in the behavioural test files; these few pin the record's shape so a refactor of it sees at once what it changed.
@@ -9,10 +10,10 @@ import pytest
 import torch
 
 import sac2
-from sac2.answers import CheckpointPolicy
-from sac2.invariants import InternalError
-from sac2.modes import CachingMode
-from sac2.saved import Saved, State
+from sac2.core.decisions import CheckpointPolicy
+from sac2.messages.internal import InternalError
+from sac2.modes.forward import CachingMode
+from sac2.record.saved import Saved, State
 
 from helpers import COUNTED, counted_op, grads, inplace_chain, randn
 
@@ -86,7 +87,7 @@ def test_a_keyed_op_met_while_tracing_is_recorded_and_replayed_under_its_replay_
     from torch._higher_order_ops.wrap import InductorCompiledCallable, inductor_compiled_code
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from sac2.keys import replay_key
+    from sac2.core.keys import replay_key
 
     graph = torch.fx.symbolic_trace(lambda a: [a.sin()])
     compiled = InductorCompiledCallable(lambda inputs: [inputs[0].sin()], graph, compile_region_name="attn")

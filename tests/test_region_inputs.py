@@ -1,7 +1,7 @@
 """A saved region keeps its outputs and the backward state its body makes, never a tensor recompute rebuilds anyway.
 
 A tensor a saved region's body saves that is (a view of) one of the region's own inputs is kept by the checkpoint
-as a position and rebuilt from the replayed input in recompute (``sac2.region_saves``), so saving a call as a
+as a position and rebuilt from the replayed input in recompute (``sac2.record.region_saves``), so saving a call as a
 region keeps what saving the same ops op by op keeps; ``keep_inputs`` keeps them for real instead.
 """
 
@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 import sac2
-from sac2 import region_saves
-from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
+from sac2.measure.memory import measure_step
+from sac2.record import region_saves
 
 from helpers import STYLES, backward_in_style, bitwise_equal
 

@@ -4,7 +4,7 @@ Each tool is active in the forward only, the backward only, or both, around two 
 Linears, on every route (sac2's SAC, sac2's full AC, one-line regions, torch's checkpoint under ``install()``); the
 reference is the same run, with the tool in the same place, without checkpointing. A tool makes ``nn.Linear``
 decompose along another path (``t`` before ``view``): recompute may run views in another order (replay rule 3,
-``sac2.replay_mode.ReplayMode._realign``), never another op that carries a decision.
+``sac2.modes.replay.ReplayMode._realign``), never another op that carries a decision.
 """
 
 from __future__ import annotations

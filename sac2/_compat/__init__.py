@@ -57,6 +57,7 @@ from sac2._compat.dispatch import (
 from sac2._compat.distributed import (
     CheckpointImpl,
     child_module,
+    is_checkpoint_wrapper,
     register_activation_wrapper,
     torch_wrapper_function,
     wrap_policy_targets,
@@ -234,6 +235,7 @@ __all__ = [
     "torch_frame_bindings",
     "CheckpointImpl",
     "register_activation_wrapper",
+    "is_checkpoint_wrapper",
     "child_module",
     "wrap_policy_targets",
     "torch_wrapper_function",

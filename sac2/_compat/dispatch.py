@@ -204,7 +204,7 @@ def set_dispatch_flags(in_mode: bool, non_infra: bool, not_ignoring: bool) -> No
 
 
 def dispatch_flags() -> tuple[bool, bool, bool]:
-    """torch's three "inside a dispatch mode" flags, as ``sac2.dispatch_flags.sync`` sets them.
+    """torch's three "inside a dispatch mode" flags, as ``sac2.modes.dispatch_flags.sync`` sets them.
 
     Removable: torch keeps its 'inside a dispatch mode' flags per thread (pytorch: the overlap bug).
     """

@@ -13,7 +13,8 @@ import torch
 from sac2 import messages
 
 __all__ = [
-    "CheckpointImpl", "register_activation_wrapper", "wrap_policy_targets", "torch_wrapper_function", "child_module",
+    "CheckpointImpl", "register_activation_wrapper", "is_checkpoint_wrapper", "wrap_policy_targets",
+    "torch_wrapper_function", "child_module",
 ]
 
 
@@ -38,6 +39,17 @@ def register_activation_wrapper(cls: type, kind: str) -> None:
     """
     if _wrappers is not None:
         getattr(_wrappers, kind).register(cls)
+
+
+def is_checkpoint_wrapper(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a checkpoint wrapper, torch's or sac2's (registered as torch's, see
+    ``register_activation_wrapper``; without torch.distributed, one keeping its child where torch's does).
+
+    Removable: the wrapper module moves to a public path.
+    """
+    if _wrappers is not None:
+        return isinstance(module, _wrappers.CheckpointWrapper)
+    return "_checkpoint_wrapped_module" in module._modules
 
 
 def child_module(module: torch.nn.Module, name: str) -> torch.nn.Module:

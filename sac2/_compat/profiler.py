@@ -1,4 +1,4 @@
-"""The profiler's memory events (``sac2.bench.memory`` measures CPU memory from them).
+"""The profiler's memory events (``sac2.measure.memory`` measures CPU memory from them).
 
 Removable when torch keeps allocator statistics on CPU (``memory_allocated`` for the CPU allocator).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from sac2 import messages
-from sac2.invariants import InternalError
+from sac2.messages.internal import InternalError
 
 __all__ = ["allocation_sizes"]
 

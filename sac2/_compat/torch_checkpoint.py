@@ -43,7 +43,7 @@ FrameGenerator: TypeAlias = Generator[None, None, None]
 
 
 class FrameOptions(TypedDict):
-    """The keyword options of a checkpoint frame (``sac2.frame_entry.run``/``frames``, torch's generator)."""
+    """The keyword options of a checkpoint frame (``sac2.frame.entry.run``/``frames``, torch's generator)."""
 
     preserve_rng_state: bool
     context_fn: ContextFn
@@ -93,7 +93,7 @@ _FRAME_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(TOR
 def torch_frame(
     function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[FrameOptions]
 ) -> FrameGenerator:
-    """torch's frame generator for one call (``options``: the keyword options of ``sac2.frame_entry.frames``).
+    """torch's frame generator for one call (``options``: the keyword options of ``sac2.frame.entry.frames``).
 
     Removable: sac2 stops offering torch's frame (``use_torch_frame``, kept for one release).
     """
@@ -147,7 +147,7 @@ def tell_torch_sac_modes(forward_context: object, respect_saved_tensors_hooks: b
 
 
 def as_torch_frame(frames: Callable[..., FrameGenerator]) -> Callable[..., FrameGenerator]:
-    """``sac2.frame_entry.frames`` in the calling convention of torch's frame generator on this torch (2.13/2.14:
+    """``sac2.frame.entry.frames`` in the calling convention of torch's frame generator on this torch (2.13/2.14:
     positional options then ``*args, **kwargs``; 2.15: ``(fn, args, kwargs, *, options)``).
 
     Removable: torch's checkpoint accepts a frame publicly (or install() stops swapping the frame).

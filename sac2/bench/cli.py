@@ -11,61 +11,27 @@ import argparse
 import importlib.util
 import json
 from dataclasses import asdict
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from sac2.bench.job import ATOL, COMPILE_BACKEND, RTOL, run
+from sac2.bench.job import COMPILE_BACKEND, run
 from sac2.bench.length_curve import CURVE_LENGTHS, curve, format_curve
-from sac2.bench.memory import DEVICE_TYPES
 from sac2.bench.models import CONFIGS
-from sac2.bench.output import format_table, pareto_front, plot
+from sac2.bench.output import format_table, plot
+from sac2.measure.arguments import device_arg, output_file, positive_int
+from sac2.measure.pareto import pareto_front
+from sac2.measure.step import ATOL, RTOL
 
-__all__ = ["main", "positive_int", "device_arg", "output_file"]
-
-
-def _is_positive_int(text: str) -> bool:
-    return text.strip().isdecimal() and int(text) > 0
-
-
-def positive_int(text: str) -> int:
-    if not _is_positive_int(text):
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
+__all__ = ["main"]
 
 
 def _lengths(text: str) -> list[int]:
     """``--curve``: region lengths ``N,N,...``; an empty list skips the curve."""
     parts = [part for part in text.split(",") if part.strip()]
-    if not all(_is_positive_int(part) for part in parts):
+    if not all(part.strip().isdecimal() and int(part) > 0 for part in parts):
         raise argparse.ArgumentTypeError(f"must be positive integers separated by commas (e.g. 16,256), got {text!r}")
     return [int(part) for part in parts]
-
-
-def device_arg(text: str) -> str:
-    """``--device``: a device the bench can run on and measure memory on, and that this machine has."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
-    if device.type not in DEVICE_TYPES:
-        raise argparse.ArgumentTypeError(
-            f"the bench measures memory on {' and '.join(DEVICE_TYPES)} only, not on {text!r}"
-        )
-    if device.type == "cuda":
-        if not torch.backends.cuda.is_built():
-            raise argparse.ArgumentTypeError(f"{text!r} needs a CUDA build of torch; this one was built without CUDA")
-        if not torch.cuda.is_available():
-            raise argparse.ArgumentTypeError(
-                f"{text!r} needs a GPU; torch sees none (torch.cuda.is_available() is False)"
-            )
-        count = torch.cuda.device_count()
-        # torch's stubs type device.index as int; it is None for "cuda" given without one.
-        if device.index is not None and device.index >= count:  # type: ignore[redundant-expr]
-            visible = ", ".join(f"cuda:{i}" for i in range(count))
-            raise argparse.ArgumentTypeError(f"no device {text!r}; the visible CUDA devices are {visible}")
-    return text
 
 
 def _backend(text: str) -> str:
@@ -74,16 +40,6 @@ def _backend(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a torch.compile backend (see torch.compiler.list_backends(exclude_tags=None))"
         )
-    return text
-
-
-def output_file(text: str) -> str:
-    """``--json``, ``--plot``: a file that can be created, checked now rather than after the whole run."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: it is a directory")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"cannot write {text!r}: directory {str(path.parent)!r} does not exist")
     return text
 
 
@@ -122,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = ("torch.allclose(atol=%g, rtol=%g)" % (ATOL, RTOL)) if args.compile else "bitwise (torch.equal)"
     print(f"equal: loss and every gradient vs none, {check}")
     print("memory: kept = allocated by forward and alive when backward starts; peak = forward+backward; "
-          "both above the step's start (sac2.bench.memory)")
+          "both above the step's start (sac2.measure.memory)")
     curve_data = curve(args.curve, args.curve_repeat) if args.curve else None
     if curve_data:
         print(f"\nper-op cost vs region length, eager, {curve_data['policy']} ('!': gradient not bitwise equal)")

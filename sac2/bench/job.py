@@ -2,7 +2,7 @@
 
 Every mode (``sac2.bench.checkpoint_modes``) trains its own copy of one model on the same batches; the modes take
 turns step by step in one process (in a rotating order), so drift in machine speed hits all of them alike. Step 0
-of each mode measures memory (``sac2.bench.memory``) and is not timed (under ``compile`` an untimed compile step
+of each mode measures memory (``sac2.measure.memory``) and is not timed (under ``compile`` an untimed compile step
 comes first). After every step, each mode's loss and gradients are compared to the no-checkpointing run's: bit for
 bit (``torch.equal``) in eager, ``torch.allclose`` under compile, where inductor may fuse a recomputed graph
 differently.
@@ -12,99 +12,20 @@ from __future__ import annotations
 
 import copy
 import functools
-import statistics
-import sys
-import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch import nn
 
 from sac2.bench.checkpoint_modes import Row, remat_available, rows
-from sac2.bench.determinism import deterministic_kernels
-from sac2.bench.memory import measure_step
 from sac2.bench.models import CONFIGS, Transformer, random_tokens
-from sac2.bench.rotation import turns
+from sac2.measure.determinism import deterministic_kernels
+from sac2.measure.rotation import turns
+from sac2.measure.step import Progress, Result, grads_equal, take_step
 
-__all__ = ["Result", "run", "take_step", "grads_equal", "Progress", "COMPILE_BACKEND", "ATOL", "RTOL"]
+__all__ = ["run", "COMPILE_BACKEND"]
 
 #: The backend ``compile`` uses unless ``backend`` says otherwise: torch.compile's default.
 COMPILE_BACKEND = "inductor"
-#: Tolerances of the correctness check under compile (eager is bitwise).
-ATOL, RTOL = 1e-5, 1e-4
-
-
-@dataclass
-class Result:
-    """One row of the table: a mode's step times, memory and whether it matched no checkpointing (``check`` says
-    how: "bitwise" or "allclose")."""
-
-    name: str
-    policy: str
-    step_s: list[float] = field(default_factory=list)
-    kept_bytes: int = 0
-    peak_bytes: int = 0
-    equal: bool = True
-    check: str = "bitwise"
-
-    @property
-    def median_s(self) -> float:
-        return statistics.median(self.step_s)
-
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.on = total, 0, sys.stderr.isatty()
-
-    def step(self) -> None:
-        self.done += 1
-        if self.on:
-            filled = 30 * self.done // self.total
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
-            if self.done == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-
-
-_Progress = Progress  # the name tests/test_bench.py uses
-
-
-def _same(a: torch.Tensor | None, b: torch.Tensor | None, bitwise: bool) -> bool:
-    if a is None or b is None:  # a parameter without a gradient: equal only if the reference has none either
-        return a is None and b is None
-    return torch.equal(a, b) if bitwise else torch.allclose(a, b, atol=ATOL, rtol=RTOL)
-
-
-def grads_equal(
-    model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor, bitwise: bool
-) -> bool:
-    if not _same(loss, ref_loss, bitwise):
-        return False
-    return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters(), strict=True))
-
-
-def take_step(
-    forward: Callable[[], torch.Tensor], result: Result, device: torch.device, first: bool,
-    then: Callable[[], object] = lambda: None,
-) -> torch.Tensor:
-    """One training step of one row, its loss: the first measures the memory it keeps and its peak (untimed), each
-    later one is timed, ``then`` (the optimizer's step) included."""
-    if first:
-        memory, loss = measure_step(forward, device)
-        result.kept_bytes, result.peak_bytes = memory.kept, memory.peak
-        return loss
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    loss = forward()
-    loss.backward()
-    then()
-    sync()
-    result.step_s.append(time.perf_counter() - start)
-    return loss
 
 
 def _model(base: Transformer, row: Row) -> Transformer:
@@ -162,7 +83,7 @@ def _notes(dev: torch.device) -> list[str]:
     ]
     if dev.type == "cuda":
         notes.append(
-            "cuda: every row ran under torch.use_deterministic_algorithms(True) (sac2.bench.determinism), "
+            "cuda: every row ran under torch.use_deterministic_algorithms(True) (sac2.measure.determinism), "
             "without which attention's backward differs from run to run and no row could be bitwise equal"
         )
     if not remat_available():

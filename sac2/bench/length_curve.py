@@ -17,9 +17,9 @@ import torch.utils.checkpoint as tuc
 
 import sac2
 from sac2 import messages
-from sac2.answers import Policy
-from sac2.bench.rotation import turns
-from sac2.invariants import InternalError
+from sac2.core.decisions import Policy
+from sac2.measure.rotation import turns
+from sac2.messages.internal import InternalError
 
 __all__ = ["CURVE_LENGTHS", "CURVE_SAVE_LIST", "curve", "format_curve", "stock_sac", "sac2_sac"]
 

@@ -5,22 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from sac2.bench.job import Result
+from sac2.measure.pareto import pareto_front
+from sac2.measure.step import Result
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-__all__ = ["format_table", "pareto_front", "plot"]
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point dominates, in order: ``(a, b)`` dominates ``(c, d)`` when ``a <= c`` and
-    ``b <= d`` and one of them is strictly smaller (for the bench: step time and kept memory, both lower is
-    better). Equal points do not dominate each other: both are on the front."""
-    return [
-        i for i, (x, y) in enumerate(points)
-        if not any(a <= x and b <= y and (a < x or b < y) for a, b in points)
-    ]
+__all__ = ["format_table", "plot"]
 
 
 def format_table(results: Sequence[Result]) -> str:

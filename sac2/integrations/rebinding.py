@@ -6,7 +6,7 @@ the ``tag_activation_checkpoint`` HOP; a fullgraph compile of torch's own ``Chec
 What ``install()`` swaps is what sac2 changes, underneath that API:
 
 - the eager non-reentrant frame: torch's ``checkpoint`` (and the composable ``checkpoint(module)``) call a
-  generator module global for it, which ``install()`` points at sac2's frame (``sac2.frame_entry.frames``). Under
+  generator module global for it, which ``install()`` points at sac2's frame (``sac2.frame.entry.frames``). Under
   torch.compile, export or FX tracing sac2's frame hands over to torch's own, so compiled code is unchanged;
 - ``create_selective_checkpoint_contexts``: torch's public name, and every name in an imported module outside
   torch and sac2 that *is* torch's function (``sys.modules`` is scanned, so a module that bound it under another
@@ -33,15 +33,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch.utils.checkpoint as _tuc
 from torch import nn
 
-from sac2 import _compat, frame_entry, messages
-from sac2.answers import Policy
-from sac2.checkpointing import create_selective_checkpoint_contexts as _sac2_contexts
-from sac2.modes import CachingMode
-from sac2.region_record import RegionForward, RegionReplay
-from sac2.replay_mode import ReplayMode
-from sac2.wrappers import CheckpointImpl
-from sac2.wrappers import apply_activation_checkpointing as _sac2_apply
-from sac2.wrappers import checkpoint_wrapper as _sac2_wrapper
+from sac2 import _compat, messages
+from sac2.api.checkpointing import create_selective_checkpoint_contexts as _sac2_contexts
+from sac2.api.wrappers import CheckpointImpl
+from sac2.api.wrappers import apply_activation_checkpointing as _sac2_apply
+from sac2.api.wrappers import checkpoint_wrapper as _sac2_wrapper
+from sac2.core.decisions import Policy
+from sac2.frame import entry
+from sac2.modes.forward import CachingMode
+from sac2.modes.region_contexts import RegionForward, RegionReplay
+from sac2.modes.replay import ReplayMode
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -94,7 +95,7 @@ def _frames(
 ) -> _compat.FrameGenerator:
     """sac2's frame, for torch's ``checkpoint``: a ``context_fn`` that leads to torch's contexts gets sac2's."""
     options["context_fn"] = _redirect(options["context_fn"])
-    return frame_entry.frames(function, args, kwargs, **options)
+    return entry.frames(function, args, kwargs, **options)
 
 
 #: sac2's frame in the calling convention of torch's frame generator on this torch.

@@ -14,8 +14,8 @@ from typing import Protocol, runtime_checkable
 from torch import nn
 
 from sac2 import messages
+from sac2.api.wrappers import CheckpointWrapper
 from sac2.integrations.rebinding import install
-from sac2.wrappers import CheckpointWrapper
 
 __all__ = ["apply_ac"]
 

@@ -8,7 +8,7 @@ regions, integrations, the bench) and ``advisor``. This package re-exports every
 them, positions as ``Record.describe`` renders them); the package computes nothing else and imports nothing from
 sac2 outside itself, so every module, ``_compat`` included, can use it. Texts that reproduce torch's own wording
 (its ``CheckpointError``s, ``Expected op in op_list...``) say so: code may match them. Whether a warning is given
-once is ``sac2.notices``' business; the bench's command-line errors belong to ``sac2.bench.cli``.
+once is ``sac2.core.notices``' business; the bench's command-line errors belong to ``sac2.bench.cli``.
 """
 
 # Each submodule's ``__all__`` is the one list of its names; this package re-exports them all.

@@ -1,5 +1,5 @@
 """The texts of ``sac2.advise`` and of ``python -m sac2 advise``'s arguments (``sac2.advisor``,
-``sac2.advisor_cli``).
+``sac2.advisor.cli``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The texts of ``sac2.checkpoint``'s arguments and of the checkpoint frame, most in torch's own words (code may
 match them), autograd's errors for saved tensors written in place, ``debug=True``'s trace, and sac2's internal
-errors with the invariants they name (``sac2.checkpointing``, the frame, ``sac2._compat.torch_checkpoint``).
+errors with the invariants they name (``sac2.api.checkpointing``, the frame, ``sac2._compat.torch_checkpoint``).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ NOT_IN_FORWARD = "a saved region was recorded while its record's forward was not
 
 
 def illegal_transition(state: str, to: str) -> str:
-    """A saved entry (``sac2.saved.Saved``) asked to go from ``state`` to ``to``, which its lifecycle has no step
+    """A saved entry (``sac2.record.saved.Saved``) asked to go from ``state`` to ``to``, which its lifecycle has no step
     for."""
     return f"a saved entry in state {state} was moved to {to}, which its lifecycle does not allow"
 

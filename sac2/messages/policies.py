@@ -1,5 +1,6 @@
-"""The texts of what a policy may be and answer: op lists, the presets' and ``compose``'s arguments, memory
-budgets, the knapsack, profiling costs (``sac2.answers``, ``sac2.policies``, ``sac2.knapsack``, ``sac2.profile``).
+"""The texts of what a policy may be and answer: op lists, the presets' and ``compose``'s arguments, memory budgets, the
+knapsack, profiling costs (``sac2.core.decisions``, ``sac2.policies``, ``sac2.policies.knapsack``,
+``sac2.policies.profile``).
 """
 
 from __future__ import annotations
@@ -121,11 +122,11 @@ def budget_negative_bytes(budget: int) -> str:
 
 
 def knapsack_negative_capacity(capacity: int) -> str:
-    return f"sac2.knapsack: capacity must be >= 0, got {capacity}."
+    return f"sac2.policies.knapsack: capacity must be >= 0, got {capacity}."
 
 
-KNAPSACK_NEGATIVE_ITEMS = "sac2.knapsack: weights and values must be >= 0."
+KNAPSACK_NEGATIVE_ITEMS = "sac2.policies.knapsack: weights and values must be >= 0."
 
 
 def profile_bad_cost(cost: object) -> str:
-    return f"sac2.profile: cost must be 'time' or 'flops', got {cost!r}."
+    return f"sac2.policies.profile: cost must be 'time' or 'flops', got {cost!r}."

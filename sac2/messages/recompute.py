@@ -2,7 +2,7 @@
 that sac2 recomputes instead, since it could not keep them (writes it cannot see or copy back, writes after the
 save).
 
-Raised or warned by ``sac2.modes``, ``sac2.record`` and ``sac2.region_record``.
+Raised or warned by ``sac2.modes.forward``, ``sac2.record.record`` and ``sac2.record.regions``.
 """
 
 from __future__ import annotations

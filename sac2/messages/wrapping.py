@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
+    "no_attribute",
     "WRAPPER_REENTRANT_WITH_POLICY", "nested_checkpoint", "already_checkpointed", "CHECKPOINT_MODULE_REENTRANT",
     "apply_ac_bad_mode", "apply_ac_policy_needs_selective", "apply_ac_save_needs_regions", "apply_ac_bad_every",
     "apply_ac_checkpointed_twice", "APPLY_AC_CONTAINER_NOT_SUBMODULE", "apply_ac_blocks_is_one_name",
@@ -196,5 +197,10 @@ def torchtitan_blocks_unwrapped(ac: object, blocks: Sequence[str]) -> str:
 
 def bench_memory_bad_device(device: object, supported: Iterable[str]) -> str:
     return (
-        f"sac2.bench.memory: cannot measure memory on {device}; supported devices are {' and '.join(supported)}."
+        f"sac2.measure.memory: cannot measure memory on {device}; supported devices are {' and '.join(supported)}."
     )
+
+
+def no_attribute(module: str, name: str) -> str:
+    """Python's own wording for a module attribute that does not exist."""
+    return f"module {module!r} has no attribute {name!r}"

@@ -1,9 +1,9 @@
 """``memory_budget``: the policy that keeps at most a given activation memory and recomputes as little as possible.
 
-One forward profiled under sac2's own forward mode gives, per op call, the activation storages saving it keeps and
-its recompute cost (``sac2.profile``). Calls that share a storage (an op and the in-place ops that write into its
-output) are decided together, since keeping the storage once serves them all; views and stale outputs are never
-saved. What is left is a 0/1 knapsack, solved exactly where possible (``sac2.knapsack``).
+One forward profiled under sac2's own forward mode gives, per op call, the activation storages saving it keeps and its
+recompute cost (``sac2.policies.profile``). Calls that share a storage (an op and the in-place ops that write into its
+output) are decided together, since keeping the storage once serves them all; views and stale outputs are never saved.
+What is left is a 0/1 knapsack, solved exactly where possible (``sac2.policies.knapsack``).
 
 The answer is keyed by (op, call index among that op's calls in the forward), so the policy decides the same way in
 every forward that runs the same ops, eager or traced by torch.compile. Views and ops that are not ops for SAC
@@ -19,11 +19,12 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from sac2 import _compat, keys, messages, pickling
-from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
-from sac2.knapsack import Solution, solve
-from sac2.opinfo import IGNORE, VIEW, info
-from sac2.profile import Profile, profile
+from sac2 import _compat, messages
+from sac2.core import keys, pickling
+from sac2.core.decisions import CheckpointPolicy, SelectiveCheckpointContext, forward_state, op_name
+from sac2.core.opinfo import IGNORE, VIEW, info
+from sac2.policies.knapsack import Solution, solve
+from sac2.policies.profile import Profile, profile
 
 __all__ = ["MemoryBudget", "memory_budget"]
 
@@ -40,10 +41,10 @@ class MemoryBudget:
     Build it with ``memory_budget``; ``kept_bytes`` and ``recompute_cost`` are what the profile predicts.
 
     Args:
-        profiled: the profile of one forward (``sac2.profile``): its op calls, their storages and costs.
+        profiled: the profile of one forward (``sac2.policies.profile``): its op calls, their storages and costs.
         saved: the indices, into ``profiled.calls``, of the calls the solver chose to save.
         capacity: the budget in bytes.
-        solution: the knapsack solver's answer (``sac2.knapsack``), which names its method.
+        solution: the knapsack solver's answer (``sac2.policies.knapsack``), which names its method.
     """
 
     def __init__(self, profiled: Profile, saved: frozenset[int], capacity: int, solution: Solution) -> None:

@@ -19,11 +19,19 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from sac2 import _compat, messages, pickling
-from sac2.answers import CheckpointPolicy, PolicyFn, SelectiveCheckpointContext, forward_state, from_bool, op_name
-from sac2.invariants import InternalError
-from sac2.keys import PolicyOp, Region
-from sac2.module_names import names_module
+from sac2 import _compat, messages
+from sac2.core import pickling
+from sac2.core.decisions import (
+    CheckpointPolicy,
+    PolicyFn,
+    SelectiveCheckpointContext,
+    forward_state,
+    from_bool,
+    op_name,
+)
+from sac2.core.keys import PolicyOp, Region
+from sac2.core.module_names import names_module
+from sac2.messages.internal import InternalError
 
 __all__ = [
     "lookup",
@@ -197,8 +205,8 @@ _LINEAR_MATMULS = tuple(
 class _EveryOtherMatmul:
     """Counts the matmuls of each forward; keeps the 1st, 3rd, 5th..., recomputes the 2nd, 4th...
 
-    The count lives in the forward's context (``sac2.answers.forward_state``), which sac2 creates once per forward
-    of a checkpointed block, so one policy object serves every block, nested ones included, and every step; it
+    The count lives in the forward's context (``sac2.core.decisions.forward_state``), which sac2 creates once per
+    forward of a checkpointed block, so one policy object serves every block, nested ones included, and every step; it
     holds no state of its own.
     """
 
@@ -258,7 +266,7 @@ def recompute_linears(model: nn.Module, names: Iterable[str]) -> Callable[..., C
     """Always recompute the matmuls of the ``nn.Linear`` modules of ``model`` named by ``names``.
 
     A name's dot-separated parts (globs) match the last parts of a module's qualified name (``"router.gate"``
-    and ``"*.gate"`` match ``layers.3.moe.router.gate``; the rule of ``sac2.module_names``). Matmuls are
+    and ``"*.gate"`` match ``layers.3.moe.router.gate``; the rule of ``sac2.core.module_names``). Matmuls are
     recognised by the weight's shape, which is what a dispatch mode can see: another Linear of the same shape is
     recomputed too, and a warning names it. Use it for small,
     cheap matmuls whose outputs are large or that run with dynamic shapes, such as an MoE router. A name that

@@ -12,10 +12,11 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from sac2 import _compat, messages, pickling
-from sac2.answers import CheckpointPolicy, SelectiveCheckpointContext, forward_state
-from sac2.keys import PolicyOp
-from sac2.module_names import torchtitan_names_module
+from sac2 import _compat, messages
+from sac2.core import pickling
+from sac2.core.decisions import CheckpointPolicy, SelectiveCheckpointContext, forward_state
+from sac2.core.keys import PolicyOp
+from sac2.core.module_names import torchtitan_names_module
 from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, import_op_modules, lookup
 
 __all__ = ["torchtitan_save_list", "torchtitan"]
@@ -105,7 +106,7 @@ def torchtitan(
         model: the model whose ``nn.Linear`` shapes ``force_recompute_mm_shapes_by_fqns`` picks; default (None)
             forces no shape.
         force_recompute_mm_shapes_by_fqns: substrings of qualified module names whose matmuls are always
-            recomputed (torchtitan's rule, ``sac2.module_names.torchtitan_names_module``); default torchtitan's
+            recomputed (torchtitan's rule, ``sac2.core.module_names.torchtitan_names_module``); default torchtitan's
             ``("moe.router.gate",)``.
 
     Returns:

@@ -16,9 +16,10 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 from expecttest import TestCase  # noqa: E402
 
-from sac2 import advisor, advisor_cli  # noqa: E402
+from sac2 import advisor  # noqa: E402
 from sac2.__main__ import main  # noqa: E402
-from sac2.bench.memory import measure_step  # noqa: E402
+from sac2.advisor import cli as advisor_cli  # noqa: E402
+from sac2.measure.memory import measure_step  # noqa: E402
 
 TARGET = "0.5"
 

@@ -31,9 +31,9 @@ from torchtitan.distributed import activation_checkpoint as tt_ac  # noqa: E402
 from torchtitan.models.common.moe import GroupedExperts  # noqa: E402
 
 import sac2  # noqa: E402
-from sac2.bench.memory import measure_step  # noqa: E402
 from sac2.integrations.torchtitan import apply_ac as tt_apply_ac  # noqa: E402
-from sac2.model_regions import region_name_of  # noqa: E402
+from sac2.measure.memory import measure_step  # noqa: E402
+from sac2.regions.in_models import region_name_of  # noqa: E402
 
 from . import STEPS, assert_bitwise_equal, assert_close, hf_loss, titan_model, tokens, train  # noqa: E402
 

@@ -31,8 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
-from sac2.answers import CheckpointPolicy, SaveList
-from sac2.model_regions import make_regions
+from sac2.core.decisions import CheckpointPolicy, SaveList
+from sac2.regions.in_models import make_regions
 
 from . import torch_style
 from .matrix import LIBRARY, Cell

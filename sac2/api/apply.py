@@ -1,0 +1,166 @@
+"""``apply_ac``: checkpoint every block of a transformer stack in one call."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any, Callable, Iterable, Union
+
+from torch import nn
+
+from sac2 import messages
+from sac2.api.checkpointing import create_selective_checkpoint_contexts
+from sac2.api.wrappers import checkpoint_wrapper
+from sac2.core.decisions import Policy, SaveList
+from sac2.policies import llm
+from sac2.regions.in_models import DEFAULT_SAVE, Target, make_regions
+
+__all__ = ["apply_ac"]
+
+Blocks = Union[nn.ModuleList, nn.ModuleDict, Iterable[str], Callable[[nn.Module], bool], None]
+_MODES = ("selective", "regions", "full", "none")
+
+
+def apply_ac(
+    model: nn.Module,
+    mode: str = "selective",
+    *,
+    policy: Policy | None = None,
+    save: Iterable[Target] | None = None,
+    blocks: Blocks = None,
+    every: int = 1,
+    keep_inputs: bool = False,
+    **checkpoint_kwargs: Any,
+) -> list[str]:
+    """Wrap blocks of ``model`` in place with ``sac2.checkpoint_wrapper``; return the names of the wrapped blocks.
+
+    One call for a transformer stack: it finds the blocks, builds the ``context_fn`` and wraps each block. Wrapped
+    state dicts keep the unwrapped keys, so apply it before or after loading weights. Blocks that transformers
+    already checkpoints (``gradient_checkpointing = True``) would be recomputed twice: it warns.
+
+    Args:
+        model: the model to change in place.
+        mode: ``"selective"`` (the default) keeps what ``policy`` saves and recomputes the rest. ``"full"`` keeps
+            only each block's inputs. ``"none"`` changes nothing. ``"regions"`` makes the calls ``save`` names
+            inside each block regions, without editing the model's source, and keeps exactly those: the policy
+            names only regions, so no dispatch mode runs and the ops between regions cost what they cost without
+            checkpointing. A saved region keeps its outputs and the backward state its body makes; what its
+            body saves of its own inputs (a Linear's input, attention's q/k/v) is rebuilt in recompute, as
+            saving the same ops does.
+        policy: ``mode="selective"`` only: a policy callable or a list of ops to save; default (None)
+            ``sac2.policies.llm()``.
+        save: ``mode="regions"`` only: what to make regions (``sac2.regions.in_models``: ``"attention"``,
+            ``"linear"``, ``"experts"``, module classes, name globs); default (None)
+            ``("attention", "linear", "experts")``.
+        blocks: an ``nn.ModuleList``/``nn.ModuleDict`` of ``model`` (its children are the blocks), qualified
+            module names, or a predicate (the outermost modules it accepts). Default (None): ``model.layers`` if
+            it is such a container, else the one container of ``model`` with the most children, all of one class.
+        every: wrap only the k-th, 2k-th, ... block for ``every=k`` (older torchtitan's
+            ``selective_ac_option="k"`` is ``mode="full", every=k``); the others run without checkpointing. The
+            default 1 wraps every block.
+        keep_inputs: ``mode="regions"``: True keeps for real what a saved region's body saves of its own inputs,
+            for inputs whose producer may not give the same values in recompute (nondeterministic kernels such
+            as GPU atomics); it costs their memory. The default False rebuilds them in recompute (but for a
+            region whose name keeps them: ``sac2.region(keep_inputs=True)``). It holds for this model's blocks
+            only: another model's regions of the same names keep their own setting.
+        **checkpoint_kwargs: passed to ``sac2.checkpoint`` for each block (``preserve_rng_state``,
+            ``determinism_check``, ...; a ``context_fn`` here replaces the one ``policy`` makes).
+
+    Returns:
+        The qualified names of the wrapped blocks, in model order (``[]`` for ``mode="none"``).
+
+    Raises:
+        ValueError: an unknown ``mode``; ``policy`` without ``mode="selective"``; ``save`` without
+            ``mode="regions"``; ``every`` not a positive int; ``blocks`` a container that is not a submodule of
+            ``model``, a predicate that accepts no module, or a name of no submodule; no ``blocks`` given and
+            ``model`` has no such container, or several of the same size; ``mode="regions"`` with a ``save``
+            that is empty or matches nothing (a class or a glob; no attention call for ``"attention"``), or
+            that would make regions sac2 refuses (nested, already checkpointed, holding checkpoints, containers).
+        TypeError: ``blocks`` is one string rather than a list of names; a ``save`` entry is neither a string
+            nor a module class.
+    """
+    if mode not in _MODES:
+        raise ValueError(messages.apply_ac_bad_mode(mode, _MODES))
+    if mode != "selective" and policy is not None:
+        raise ValueError(messages.apply_ac_policy_needs_selective(mode))
+    if mode != "regions" and save is not None:
+        raise ValueError(messages.apply_ac_save_needs_regions(mode))
+    if type(every) is not int or every < 1:
+        raise ValueError(messages.apply_ac_bad_every(every))
+    if mode == "none":
+        return []
+    found = _find_blocks(model, blocks)
+    if mode == "regions":
+        chosen = DEFAULT_SAVE if save is None else save
+        # A SaveList, not a list: torch.compile reads a policy object in a context_fn, not a list of Regions.
+        made = make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen)
+        policy = SaveList(made, keep_inputs=keep_inputs)  # this model's setting: its own policy's, not its names'
+    if mode in ("selective", "regions"):
+        context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
+        checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
+    _warn_if_hf_checkpointed(found)
+    wrapped = []
+    for i, (parent, attr, fqn) in enumerate(found):
+        if (i + 1) % every == 0:
+            setattr(parent, attr, checkpoint_wrapper(getattr(parent, attr), **checkpoint_kwargs))
+            wrapped.append(fqn)
+    return wrapped
+
+
+def _warn_if_hf_checkpointed(blocks: list[tuple[nn.Module, str, str]]) -> None:
+    """Warn when transformers' own gradient checkpointing is on for some of ``blocks`` (its layers' flag)."""
+    modules = ((fqn, getattr(parent, attr)) for parent, attr, fqn in blocks)
+    names = [fqn for fqn, m in modules if getattr(m, "gradient_checkpointing", False) is True]
+    if names:
+        warnings.warn(messages.apply_ac_checkpointed_twice(names), stacklevel=3)
+
+
+def _find_blocks(model: nn.Module, blocks: Blocks) -> list[tuple[nn.Module, str, str]]:
+    """(parent, attribute name, qualified name) of each block, in model order."""
+    names = {id(m): fqn for fqn, m in model.named_modules()}
+    if blocks is None:
+        blocks = _default_container(model)
+    if isinstance(blocks, (nn.ModuleList, nn.ModuleDict)):
+        if id(blocks) not in names:
+            raise ValueError(messages.APPLY_AC_CONTAINER_NOT_SUBMODULE)
+        prefix = names[id(blocks)]
+        return [(blocks, attr, f"{prefix}.{attr}" if prefix else attr) for attr, _ in blocks.named_children()]
+    if isinstance(blocks, str):
+        raise TypeError(messages.apply_ac_blocks_is_one_name(blocks))
+    if callable(blocks):
+        found, inside = [], ()
+        for fqn, m in model.named_modules():
+            if fqn and not fqn.startswith(inside) and blocks(m):
+                found.append(fqn)
+                inside = tuple(f + "." for f in found)
+        if not found:
+            raise ValueError(messages.APPLY_AC_PREDICATE_MATCHED_NOTHING)
+        blocks = found
+    result = []
+    for fqn in blocks:
+        parent_name, _, attr = fqn.rpartition(".")
+        try:
+            parent = model.get_submodule(parent_name)
+            getattr(parent, attr)
+        except AttributeError:
+            raise ValueError(messages.apply_ac_no_such_submodule(fqn)) from None
+        result.append((parent, attr, fqn))
+    return result
+
+
+def _default_container(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, (nn.ModuleList, nn.ModuleDict)):
+        return layers
+    candidates: list[tuple[str, nn.ModuleList | nn.ModuleDict]] = [
+        (fqn, m)
+        for fqn, m in model.named_modules()
+        if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and len(m) and len({type(c) for c in m.children()}) == 1
+    ]
+    if not candidates:
+        raise ValueError(messages.APPLY_AC_NO_CONTAINER)
+    most = max(len(m) for _, m in candidates)
+    best = [(fqn, m) for fqn, m in candidates if len(m) == most]
+    if len(best) > 1:
+        raise ValueError(messages.apply_ac_several_containers([fqn for fqn, _ in best]))
+    return best[0][1]

@@ -1,0 +1,91 @@
+"""One measured training step, the way every side-by-side run takes it (``sac2 bench``, ``sac2.advise``): the
+first step of a row measures the memory it keeps (``sac2.measure.memory``), later ones are timed; a row's loss and
+gradients are compared with the reference row's, bit for bit in eager, ``allclose`` under compile."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from sac2.measure.memory import measure_step
+
+__all__ = ["Result", "Progress", "take_step", "grads_equal", "ATOL", "RTOL"]
+
+#: Tolerances of the correctness check under compile (eager is bitwise).
+ATOL, RTOL = 1e-5, 1e-4
+
+
+@dataclass
+class Result:
+    """One row of the table: a mode's step times, memory and whether it matched no checkpointing (``check`` says
+    how: "bitwise" or "allclose")."""
+
+    name: str
+    policy: str
+    step_s: list[float] = field(default_factory=list)
+    kept_bytes: int = 0
+    peak_bytes: int = 0
+    equal: bool = True
+    check: str = "bitwise"
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.step_s)
+
+
+class Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.on = total, 0, sys.stderr.isatty()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.on:
+            filled = 30 * self.done // self.total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+
+def _same(a: torch.Tensor | None, b: torch.Tensor | None, bitwise: bool) -> bool:
+    if a is None or b is None:  # a parameter without a gradient: equal only if the reference has none either
+        return a is None and b is None
+    return torch.equal(a, b) if bitwise else torch.allclose(a, b, atol=ATOL, rtol=RTOL)
+
+
+def grads_equal(
+    model: nn.Module, loss: torch.Tensor, ref_model: nn.Module, ref_loss: torch.Tensor, bitwise: bool
+) -> bool:
+    if not _same(loss, ref_loss, bitwise):
+        return False
+    return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters(), strict=True))
+
+
+def take_step(
+    forward: Callable[[], torch.Tensor], result: Result, device: torch.device, first: bool,
+    then: Callable[[], object] = lambda: None,
+) -> torch.Tensor:
+    """One training step of one row, its loss: the first measures the memory it keeps and its peak (untimed), each
+    later one is timed, ``then`` (the optimizer's step) included."""
+    if first:
+        memory, loss = measure_step(forward, device)
+        result.kept_bytes, result.peak_bytes = memory.kept, memory.peak
+        return loss
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    loss = forward()
+    loss.backward()
+    then()
+    sync()
+    result.step_s.append(time.perf_counter() - start)
+    return loss
