@@ -310,7 +310,7 @@ def _forwarded(monkeypatch: pytest.MonkeyPatch, **options: Any) -> dict:
         return function(*args)
 
     monkeypatch.setattr(tuc, "checkpoint", spy)
-    monkeypatch.setattr("sac2.api.checkpointing.is_compiling", lambda: True)
+    monkeypatch.setattr("sac2.frame.entry.is_compiling", lambda: True)
     sac2.checkpoint(torch.sin, randn(3, 3, dtype=torch.float64), **options)
     (kwargs,) = calls
     return kwargs

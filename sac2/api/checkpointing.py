@@ -9,19 +9,15 @@ torch.compile, and for ``use_reentrant=True``, it calls torch's checkpoint, whic
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
-
-import torch.utils.checkpoint as _tuc
-from torch.compiler import is_compiling
 
 from sac2 import _compat, messages
 from sac2.core.decisions import Policy, as_policy
-from sac2.frame import entry
+from sac2.frame.entry import run as enter  # by name: dynamo reads no module another module reads
 from sac2.modes.forward import CachingMode
-from sac2.modes.region_contexts import RegionForward, RegionReplay, region_only
 from sac2.modes.replay import ReplayMode
 from sac2.record.record import Record
+from sac2.record.regions import RegionForward, RegionReplay, region_only
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -50,7 +46,7 @@ def create_selective_checkpoint_contexts(
     The pair works as ``context_fn`` for ``sac2.checkpoint`` and for ``torch.utils.checkpoint.checkpoint``.
 
     A list of only ``sac2.Region``s needs no dispatch mode: in eager the pair is two plain context managers that
-    only ``sac2.region`` calls talk to (``sac2.modes.region_contexts``), so the ops between regions cost nothing extra.
+    only ``sac2.region`` calls talk to (``sac2.record.regions``), so the ops between regions cost nothing extra.
 
     Args:
         policy_fn_or_list: a policy callable (``policy_fn(ctx, op, *args, **kwargs)``, e.g. a
@@ -202,11 +198,6 @@ class _Checkpointed:
 
 #: torch's checkpoint parameters, which a function's own keyword arguments must not be confused with.
 _OPTIONS = frozenset(_Options.__annotations__)
-#: torch 2.14+ takes ``respect_saved_tensors_hooks`` (for its own SAC modes); torch 2.13 would hand it to the
-#: checkpointed function as a keyword argument.
-_TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(_tuc.checkpoint).parameters
-
-
 def _run(
     function: Callable[..., Any],
     args: tuple[Any, ...],
@@ -215,36 +206,8 @@ def _run(
     use_reentrant: bool | None,
     **options: Unpack[_compat.FrameOptions],
 ) -> Any:
-    """One checkpointed call: sac2's frame in eager, torch's checkpoint (its HOP) under torch.compile and for
-    ``use_reentrant=True``."""
+    """One checkpointed call, through the door every route shares (``sac2.frame.entry.run``), which picks torch's
+    checkpoint or a frame."""
     if kwargs and not _OPTIONS.isdisjoint(kwargs):  # the decorator form passes them to the function, as torch's does
         function, kwargs = functools.partial(function, **kwargs), {}
-    compiling = is_compiling()
-    if use_reentrant or compiling:
-        return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), options)
-    return entry.run(function, args, kwargs, **options)
-
-
-def _torch_checkpoint(
-    function: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    use_reentrant: bool,
-    frame_options: _compat.FrameOptions,
-) -> Any:
-    """torch's own checkpoint: its reentrant frame, or, under torch.compile, what dynamo turns into its HOP (which
-    rejects torch's default context_fn passed in, and needs the user's own; saved-tensor hooks are skipped under
-    compile, as in torch)."""
-    options: dict[str, Any] = dict(frame_options)
-    context_fn, respect = options.pop("context_fn"), options.pop("respect_saved_tensors_hooks")
-    options["use_reentrant"] = use_reentrant
-    if respect is not None and _TORCH_TAKES_HOOKS_FLAG:
-        options["respect_saved_tensors_hooks"] = respect
-    if use_reentrant:
-        if context_fn is not _compat.noop_context_fn:
-            raise ValueError(messages.REENTRANT_WITH_POLICY)
-        if respect is not None and not _TORCH_TAKES_HOOKS_FLAG:
-            raise ValueError(messages.REENTRANT_OPTIONS)  # torch 2.14's own error
-    elif context_fn is not _compat.noop_context_fn:
-        options["context_fn"] = context_fn
-    return _tuc.checkpoint(function, *args, **options, **kwargs)
+    return enter(function, args, kwargs, use_reentrant=use_reentrant, **options)

@@ -307,7 +307,7 @@ def _checkpointed_forward(self: nn.Module, forward: Callable[..., Any], *args: A
     return checkpoint(forward, *args, **options, **kwargs)
 
 
-module_class.register_kind("Checkpointed", _checkpointed_forward)
+module_class.register_kind("Checkpointed", module_class.wrapping(_checkpointed_forward))
 
 
 _M = TypeVar("_M", bound=nn.Module)

@@ -9,7 +9,7 @@ import torch
 
 from sac2 import _compat
 
-__all__ = ["rng_before", "rng_moved", "plain_call", "GeneratorState"]
+__all__ = ["rng_before", "rng_moved", "GeneratorState"]
 
 Tensor = torch.Tensor
 #: (generator, its state before the call, its state after it).
@@ -34,21 +34,6 @@ def rng_moved(before: tuple[torch.Generator, Tensor] | None) -> GeneratorState |
     gen, state = before
     after = gen.get_state()
     return None if torch.equal(after, state) else (gen, state, after)
-
-
-def plain_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether calling a torch function with these arguments runs that function itself: no torch-function or
-    dispatch mode on the stack, and no tensor subclass but ``Parameter`` among the arguments (any of which could
-    run other code, random ops included). A matmul called so draws no random numbers."""
-    if _compat.mode_stack_len() or _compat.function_mode_stack_len():
-        return False
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, Tensor) and type(a) is not Tensor and type(a) is not _Parameter:
-            return False
-    return True
-
-
-_Parameter = torch.nn.Parameter
 
 
 def _device_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device:

@@ -10,13 +10,17 @@ hooks as sac2's is.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
+import torch.utils.checkpoint as _tuc
+from torch.compiler import is_compiling
 
 from sac2 import _compat, messages
 from sac2.core.notices import count_forward
+from sac2.frame.contexts import SelectiveForward
 from sac2.frame.debug_trace import OpTrace
 from sac2.frame.frame import Frame, Holder
 from sac2.frame.switches import torch_frame_in_use
@@ -44,12 +48,21 @@ def _validate(determinism_check: str) -> None:
 
 
 def run(
-    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[_compat.FrameOptions]
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    use_reentrant: bool | None = None,
+    **options: Unpack[_compat.FrameOptions],
 ) -> Any:
-    """``function(*args, **kwargs)`` checkpointed by sac2's frame, or by torch's where sac2's does not apply."""
+    """``function(*args, **kwargs)`` checkpointed (``sac2.checkpoint``): the one place a call's checkpoint is chosen.
+    torch's own checkpoint for ``use_reentrant=True`` (its reentrant frame) and under torch.compile (what dynamo
+    turns into its HOP); else torch's eager frame where sac2's does not apply (``_delegated``); else sac2's."""
+    if use_reentrant or is_compiling():
+        return _torch_checkpoint(function, args, kwargs, bool(use_reentrant), options)
     _validate(options["determinism_check"])
     if _delegated():
-        told: list[ContextManager[object] | None] = []
+        told: list[object] = []
         out = _compat.run_torch_frame(function, args, kwargs, **_telling(options, told))
         _warn_if_bypassed(told, stacklevel=5)
         return out
@@ -68,11 +81,12 @@ def run(
 def frames(
     function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], **options: Unpack[_compat.FrameOptions]
 ) -> _compat.FrameGenerator:
-    """The same as ``run``, in the shape of torch's frame: a generator that yields once, while the function runs,
-    and that torch's ``checkpoint`` drives with ``next``/``throw`` while sac2 is installed."""
+    """The same as ``run``'s eager frames, in the shape of torch's frame: a generator that yields once, while the
+    function runs, and that torch's ``checkpoint`` drives with ``next``/``throw`` while sac2 is installed (torch's
+    checkpoint has already chosen its reentrant frame or its HOP where they apply)."""
     _validate(options["determinism_check"])
     if _delegated():
-        told: list[ContextManager[object] | None] = []
+        told: list[object] = []
         yield from _compat.torch_frame(function, args, kwargs, **_telling(options, told))
         _warn_if_bypassed(told, stacklevel=4)
         return
@@ -136,24 +150,23 @@ def _contexts(
         return None, None, False
     forward_context, recompute_context = context_fn()
     _compat.tell_torch_sac_modes(forward_context, respect_saved_tensors_hooks)
-    if not hasattr(forward_context, "saved_tensors_hooks"):  # not sac2's: torch's or the user's own contexts
+    if not isinstance(forward_context, SelectiveForward):  # not sac2's: torch's or the user's own contexts
         return forward_context, recompute_context, False
     hooks = _compat.user_saved_tensors_hooks()
     forward_context.saved_tensors_hooks = hooks if respect_saved_tensors_hooks else None
     return forward_context, recompute_context, hooks is not None and respect_saved_tensors_hooks is None
 
 
-def _warn_if_bypassed(contexts: list[ContextManager[object] | None], stacklevel: int) -> None:
+def _warn_if_bypassed(contexts: list[object], stacklevel: int) -> None:
     """torch's FutureWarning, once the forward is done, if one of ``contexts`` (forward contexts whose saves
     bypassed the user's hooks by default) saved something."""
     for context in contexts:
-        record = getattr(context, "record", None)
-        if record is not None and record.saves_anything():
+        if isinstance(context, SelectiveForward) and context.saves_anything():
             warnings.warn(messages.HOOKS_BYPASSED, FutureWarning, stacklevel=stacklevel)
             return
 
 
-def _telling(options: _compat.FrameOptions, told: list[ContextManager[object] | None]) -> _compat.FrameOptions:
+def _telling(options: _compat.FrameOptions, told: list[object]) -> _compat.FrameOptions:
     """``options`` for torch's frame, with a ``context_fn`` that tells sac2's forward context about the user's
     saved-tensor hooks as sac2's frame does (rule 7); forward contexts owing the warning go to ``told``."""
     context_fn, respect = options["context_fn"], options["respect_saved_tensors_hooks"]
@@ -205,3 +218,33 @@ def _completed(frame: Frame) -> None:
     frame.end_forward()
     if frame.rng is not None and _compat.device_initialized_since(frame.devices, frame.rng):
         raise RuntimeError(messages.DEVICE_INITIALIZED_IN_FORWARD)
+
+
+#: torch 2.14+ takes ``respect_saved_tensors_hooks`` (for its own SAC modes); torch 2.13 would hand it to the
+#: checkpointed function as a keyword argument.
+_TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(_tuc.checkpoint).parameters
+
+
+def _torch_checkpoint(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    use_reentrant: bool,
+    frame_options: _compat.FrameOptions,
+) -> Any:
+    """torch's own checkpoint: its reentrant frame, or, under torch.compile, what dynamo turns into its HOP (which
+    rejects torch's default context_fn passed in, and needs the user's own; saved-tensor hooks are skipped under
+    compile, as in torch)."""
+    options: dict[str, Any] = dict(frame_options)
+    context_fn, respect = options.pop("context_fn"), options.pop("respect_saved_tensors_hooks")
+    options["use_reentrant"] = use_reentrant
+    if respect is not None and _TORCH_TAKES_HOOKS_FLAG:
+        options["respect_saved_tensors_hooks"] = respect
+    if use_reentrant:
+        if context_fn is not _compat.noop_context_fn:
+            raise ValueError(messages.REENTRANT_WITH_POLICY)
+        if respect is not None and not _TORCH_TAKES_HOOKS_FLAG:
+            raise ValueError(messages.REENTRANT_OPTIONS)  # torch 2.14's own error
+    elif context_fn is not _compat.noop_context_fn:
+        options["context_fn"] = context_fn
+    return _tuc.checkpoint(function, *args, **options, **kwargs)

@@ -51,6 +51,7 @@ from torch.utils.checkpoint import GraphExecGroup
 
 from sac2 import _compat, messages
 from sac2.frame import inplace_check
+from sac2.frame.contexts import FinishingReplay
 from sac2.frame.debug_trace import OpTrace
 from sac2.frame.inplace_check import SavedVersions
 from sac2.frame.switches import preserved_generators
@@ -221,7 +222,8 @@ class Frame:
         tensors it has seen."""
         holders, count = self.holders, [0]
         n = len(holders)
-        finish_op = getattr(self.recompute_context, "finish_op", None)  # sac2's replay mode
+        replay: object = self.recompute_context  # any context; sac2's replay mode also finishes ops
+        finish_op = replay.finish_op if isinstance(replay, FinishingReplay) else None  # sac2's replay mode
         # sac2's modes ignore detach (the recompute hook's own): skip their Python dispatch for plain tensors
         detach = _compat.detach_below_sac2 if finish_op is not None else Tensor.detach
 

@@ -41,8 +41,8 @@ from sac2.api.wrappers import checkpoint_wrapper as _sac2_wrapper
 from sac2.core.decisions import Policy
 from sac2.frame import entry
 from sac2.modes.forward import CachingMode
-from sac2.modes.region_contexts import RegionForward, RegionReplay
 from sac2.modes.replay import ReplayMode
+from sac2.record.regions import RegionForward, RegionReplay
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

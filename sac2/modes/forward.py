@@ -30,8 +30,7 @@ from sac2.core.rng import rng_before, rng_moved
 from sac2.modes import dispatch_flags
 from sac2.modes.tracing import Tracer
 from sac2.record.record import Record
-from sac2.record.region_call import RegionCall
-from sac2.record.regions import record_region
+from sac2.record.regions import RegionCall, record_region
 from sac2.record.saved import Saved
 
 if TYPE_CHECKING:
@@ -285,6 +284,10 @@ class CachingMode(SacMode):
     def before_unrecorded(self) -> None:
         if self._pending:
             self._flush()  # versions read now let in-place writes in the unrecorded code show
+
+    def saves_anything(self) -> bool:
+        """Whether the forward saved some op or region (the frame asks, ``sac2.frame.contexts.SelectiveForward``)."""
+        return self.record.saves_anything()
 
     def region(self, call: RegionCall) -> Any:
         """A region is decided before it runs (``ctx.op_output`` is None); ``sac2.record.regions`` records it."""

@@ -18,8 +18,7 @@ from sac2.core.rng import rng_before
 from sac2.messages.internal import InternalError
 from sac2.modes.forward import SacMode
 from sac2.record.record import Record
-from sac2.record.region_call import RegionCall
-from sac2.record.regions import replay_region
+from sac2.record.regions import RegionCall, replay_region
 from sac2.record.saved import Saved
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from sac2.core.opinfo import IGNORE, VIEW, OpInfo, info
 from sac2.modes.forward import CachingMode
 from sac2.record import region_saves
 from sac2.record.record import Record
-from sac2.record.region_call import RegionCall
+from sac2.record.regions import RegionCall
 from sac2.record.saved import Saved
 
 __all__ = ["OpCall", "Profile", "profile", "as_inputs", "outside_storages", "storage_key"]

@@ -18,7 +18,7 @@ from sac2.core.decisions import op_name
 from sac2.core.keys import Key
 from sac2.core.notices import warn_once
 from sac2.messages.internal import InternalError
-from sac2.record import region_sharing
+from sac2.record import region_saves
 from sac2.record.saved import Saved, State
 
 __all__ = ["Record", "StorageTracker"]
@@ -56,13 +56,14 @@ class Record:
         self.offloaded: list[Saved] = []  # entries answered CPU_OFFLOAD
         self.served: list[Saved] = []  # entries this recompute served and keeps for another
         self.draws: dict[int, tuple[torch.Generator, Tensor]] = {}
-        #: While the forward runs, what its saved regions share (``sac2.record.region_sharing``); None otherwise.
-        self.region_forward: region_sharing.Forward | None = None
+        #: While the forward runs, what its saved regions share (``sac2.record.region_saves.Forward``, which
+        #: ``sac2.record.regions`` alone fills); None otherwise.
+        self.region_forward: region_saves.Forward | None = None
 
     def start_forward(self, hooks: Hooks | None) -> None:
         """The forward starts; ``hooks``: the user's saved-tensor hooks what it saves goes through, or None (then
         what saved regions return stays on its device until backward)."""
-        self.region_forward = region_sharing.Forward(keep_outputs=hooks is None)
+        self.region_forward = region_saves.Forward(keep_outputs=hooks is None)
 
     def saves_anything(self) -> bool:
         """Whether the forward saved some op or region."""
@@ -71,20 +72,14 @@ class Record:
     def add(self, entry: Saved, offloaded: bool = False) -> None:
         """Append a saved op (``offloaded``: answered CPU_OFFLOAD)."""
         if offloaded:
-            entry.offload_at_end()
-            self.offloaded.append(entry)
+            self.offload_at_end(entry)
         self.saved_at.append(len(self.log))
         self.log.append(entry)
 
-    def add_region(self, entry: Saved, out: Any, offloaded: bool = False) -> None:
-        """Append a saved region call that returned ``out`` (its versions are final: it runs above autograd)."""
-        if entry.state is State.HELD:  # not RERUN: a region run again has nothing to offload, and keeps nothing
-            if offloaded:
-                entry.offload_at_end()
-                self.offloaded.append(entry)
-            elif self.region_forward is not None:
-                region_sharing.note_outputs(self.region_forward, out)
-        self.log.append(entry)
+    def offload_at_end(self, entry: Saved) -> None:
+        """``entry`` (an op's or a region's, answered CPU_OFFLOAD) moves to the host when the forward ends."""
+        entry.offload_at_end()
+        self.offloaded.append(entry)
 
     def key_at(self, i: int) -> Key:
         e = self.log[i]

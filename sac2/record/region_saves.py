@@ -6,7 +6,7 @@ goes to the checkpoint's pack hook beneath as an ordinary position, and when rec
 from the replayed input (the input itself, or ``as_strided`` of it) and packed at the same place. Anything else (a
 parameter, a tensor the body made, another dtype, a lazy conjugate or negation, partial overlap, an alias that is no
 view of the input's base) is kept for real; what the forward's saved regions share (an earlier region's output, a view
-an earlier region's body saved) is ``sac2.record.region_sharing``. A region keeps its inputs too where its policy says
+an earlier region's body saved) is shared (``Forward``, below). A region keeps its inputs too where its policy says
 so (``apply_ac(keep_inputs=True)``: ``SaveList.keep_inputs``) or its name does (``keep_inputs``,
 ``sac2.region(keep_inputs=True)``): for inputs from a nondeterministic producer.
 
@@ -16,19 +16,17 @@ reshape of it, a parameter) read as few tensor attributes as they can: each cost
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import torch
 
 from sac2 import _compat, messages
 from sac2.core.keys import Region
-from sac2.record.region_call import RegionCall
-from sac2.record.region_sharing import Forward, Shared, kept_anyway
-from sac2.record.saved import Saved
 
 __all__ = [
-    "keep_inputs", "keeps_inputs", "rebuilds", "run_saved", "rerun",
-    "pack_rebuilt", "Rebuilt",
+    "keep_inputs", "keeps_inputs", "rebuilds", "run_saved", "run_under", "unpack_kept", "Rebuilt", "Forward",
+    "Shared", "note_outputs", "kept_anyway",
 ]
 
 Tensor = torch.Tensor
@@ -57,6 +55,99 @@ def keeps_inputs(key: Region, policy_keeps: bool = False) -> bool:
     """Whether a saved call of region ``key`` keeps its inputs for real: its policy's setting (``policy_keeps``,
     ``SaveList.keep_inputs``) or its name's (``keep_inputs``)."""
     return policy_keeps or key.name in _keeping_inputs
+
+
+# ---- what the saved regions of one forward share ---------------------------------------------------------------
+# So that none keeps or rebuilds a tensor twice, two cases need no checkpoint position of their own:
+# - (a view of) what an earlier saved region returned: the record keeps that output until backward anyway
+#   (``note_outputs``), so the body keeps it for real at no cost, and recompute need not reach the region;
+# - the same view of the same unchanged input that an earlier saved region's body saved (q/k/v projections of one
+#   normed input, an MLP's gate and up projections): the save shares that region's position (``Shared``), and the
+#   first of them to unpack it in a backward hands it to the others.
+# A ``Forward`` lives on the record while the forward runs (``sac2.record.regions`` alone fills it) and holds weak
+# references only.
+
+#: What a view of an input is, for sharing: the input's id, then the view's size, stride and offset (None, None, 0
+#: for the input itself).
+ViewKey = tuple[int, Any, Any, int]
+
+
+class Shared:
+    """A checkpoint position several saves of one forward share: what autograd keeps for each of them.
+
+    ``holder``: what the checkpoint's pack hook returned for the first. ``uses``: how many saves share it. Per
+    backward (graph task), the first unpack takes the tensor from the checkpoint and keeps it for the others.
+    """
+
+    __slots__ = ("holder", "input", "version", "uses", "taken")
+
+    def __init__(self, holder: object, input: Tensor, version: int) -> None:
+        self.holder = holder
+        self.input = weakref.ref(input)  # to tell a later input with a reused id from this one
+        self.version = version
+        self.uses = 1
+        self.taken: dict[object, list[Any]] = {}  # graph task -> [tensor, unpacks left]
+
+    def unpack(self, unpack: Callable[[Any], Tensor]) -> Tensor:
+        """The tensor, through the checkpoint's ``unpack`` for the first of this backward's unpacks."""
+        if self.uses == 1:
+            return unpack(self.holder)
+        task = _compat.graph_task()
+        if task is None:  # read outside any backward: the checkpoint recomputes for this read alone
+            return unpack(self.holder)
+        taken = self.taken.get(task)
+        if taken is None:
+            t = unpack(self.holder)
+            self.taken[task] = [t, self.uses - 1]
+            return t
+        taken[1] -= 1
+        if not taken[1]:
+            del self.taken[task]
+        out: Tensor = taken[0]
+        return out
+
+
+class Forward:
+    """What the saved regions of one forward share: ``outputs``, a weak reference to the tensor each saved region's
+    output is or views, by its id (None where the user's saved-tensor hooks take what the record keeps: then a
+    later region keeping one would keep it twice); ``positions``, each ``Shared`` position by the view it holds."""
+
+    __slots__ = ("outputs", "positions")
+
+    def __init__(self, keep_outputs: bool) -> None:
+        self.outputs: dict[int, weakref.ref[Tensor]] | None = {} if keep_outputs else None
+        self.positions: dict[ViewKey, Shared] = {}
+
+    def position(self, key: ViewKey, input: Tensor, version: int) -> Shared | None:
+        """The position an earlier save of this view of ``input`` (at ``version``) holds, now shared once more."""
+        shared = self.positions.get(key)
+        if shared is None or shared.input() is not input or shared.version != version:
+            return None
+        shared.uses += 1
+        return shared
+
+
+def note_outputs(forward: Forward, out: Any) -> None:
+    """Note what a saved region returned (``out``): the record keeps it on its device until backward."""
+    outputs = forward.outputs
+    if outputs is None:
+        return
+    for t in (out,) if type(out) is Tensor else _compat.tree_leaves(out):
+        if type(t) is Tensor:
+            base = _compat.view_base(t)
+            root = t if base is None else base
+            outputs[id(root)] = weakref.ref(root)
+
+
+def kept_anyway(x: Tensor, forward: Forward) -> bool:
+    """Whether ``x`` is (a view of) what an earlier saved region returned, which the record keeps anyway."""
+    outputs = forward.outputs
+    if not outputs:
+        return False
+    base = _compat.view_base(x)
+    root = x if base is None else base
+    held = outputs.get(id(root))
+    return held is not None and held() is root
 
 
 def _plain(t: Tensor) -> bool:
@@ -149,7 +240,7 @@ def _inside(x: Tensor, t: Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int
 Kept = tuple[Tensor, int, int]
 
 
-def _unpack_kept(p: Kept) -> Tensor:
+def unpack_kept(p: Kept) -> Tensor:
     t, version, number = p
     if _compat.version(t) != version:
         tensor = f"[{t.type()} {list(t.shape)}]"
@@ -161,7 +252,7 @@ def _unpack_kept(p: Kept) -> Tensor:
 class _KeepAll:
     """The saved-tensor hooks of a saved region's body that keeps every save for real (``keep_inputs``), each with
     its version: autograd checks none through hooks, so a write into a kept tensor before backward would be silently
-    read (``_unpack_kept`` raises autograd's error instead)."""
+    read (``unpack_kept`` raises autograd's error instead)."""
 
     __slots__ = ("count",)
 
@@ -209,86 +300,47 @@ class _Saves:
     def unpack(self, p: Kept | Shared) -> Tensor:
         if isinstance(p, Shared):
             return p.unpack(self.beneath_unpack)
-        return _unpack_kept(p)
+        return unpack_kept(p)
 
     def rebuilt(self) -> Rebuilt | None:
         return (frozenset(self.numbers), tuple(self.specs)) if self.numbers else None
 
 
-class _Rerun:
-    """The hooks a saved region's body runs under when recompute runs it again: the saves forward handed to the
-    checkpoint go to the checkpoint's recompute hooks, by number, so its positions stay in step."""
-
-    def __init__(self, numbers: frozenset[int], top: _compat.HookPair) -> None:
-        self.numbers = numbers
-        self.top_pack, self.top_unpack = top
-        self.count = 0
-
-    def pack(self, x: Tensor) -> object:
-        n = self.count
-        self.count = n + 1
-        return self.top_pack(x) if n in self.numbers else (x, _compat.version(x), n)
-
-    def unpack(self, p: object) -> Tensor:
-        if type(p) is tuple:
-            return _unpack_kept(p)
-        t: Tensor = self.top_unpack(p)
-        return t
-
-
 def run_saved(
-    call: RegionCall, before: list[tuple[Tensor, int]], forward: Forward, keep: bool = False
+    body: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], before: list[tuple[Tensor, int]],
+    forward: Forward | None,
 ) -> tuple[Any, Rebuilt | None]:
     """Run a saved region's body in forward (``before``: its tensor arguments with their versions): its backward
     state kept for real, except the saves recompute can rebuild from its inputs, which the checkpoint beneath keeps
-    as positions, shared with the forward's other saved regions (``forward``), unless the region keeps inputs
-    (``keep``: its policy says so; or its name does, ``keep_inputs``)."""
-    beneath = None if keeps_inputs(call.key, keep) else _compat.checkpoint_forward_hooks()
-    if beneath is None:
-        return call.run_under(_KeepAll().pack, _unpack_kept), None
+    as positions, shared with the forward's other saved regions (``forward``; None where the region keeps its
+    inputs, ``keeps_inputs``). The checkpoint's pack hook is found on torch's hook stack: it is the innermost pair
+    while a checkpointed forward runs (``_compat.checkpoint_forward_hooks``), the one link to the frame that no
+    import shows."""
+    beneath = None if forward is None else _compat.checkpoint_forward_hooks()
+    if beneath is None or forward is None:
+        return run_under(body, args, kwargs, _KeepAll().pack, unpack_kept), None
     saves = _Saves(before, beneath, forward)
     try:
-        out = call.run_under(saves.pack, saves.unpack)
+        out = run_under(body, args, kwargs, saves.pack, saves.unpack)
     finally:
         saves.inputs = []  # autograd keeps the hooks in its graph: they must not keep the inputs
         saves.forward = None
     return out, saves.rebuilt()
 
 
-def rerun(entry: Saved, call: RegionCall) -> Any:
-    """Run a saved region's body again in recompute (forward kept its backward state, but for the saves it handed
-    to the checkpoint: those are saved again, in the same order)."""
-    rebuilt: Rebuilt | None = entry.rebuilt
-    top = _compat.top_saved_tensors_hooks() if rebuilt is not None else None
-    if rebuilt is None or top is None:
-        return call.run_under(_compat.as_is, _compat.as_is)
-    hooks = _Rerun(rebuilt[0], top)
-    return call.run_under(hooks.pack, hooks.unpack)
-
-
-def pack_rebuilt(rebuilt: Rebuilt, inputs: list[Tensor]) -> bool:
-    """Serving a saved region in recompute, in no-grad mode (the views are backward's to read: no autograd node for
-    them): rebuild each save forward handed to the checkpoint from the replayed ``inputs`` (``writes.tensor_args``)
-    and hand it to the checkpoint's recompute hooks, in forward's order, at the region's place. False, packing
-    nothing, when an input it lives in came back with another layout than in forward (then the body runs again:
-    ``rerun``)."""
-    specs = rebuilt[1]
-    for j, _, _, _, size, stride in specs:
-        if j >= len(inputs) or inputs[j].shape != size or inputs[j].stride() != stride:
-            return False
-    top = _compat.top_saved_tensors_hooks()
-    if top is None:
-        return True
-    pack = top[0]
-    for j, view_size, view_stride, offset, _, _ in specs:
-        t = inputs[j]
-        if view_size is None or view_stride is None:
-            pack(t)  # the input itself
-        else:
-            pack(t.as_strided(view_size, view_stride, t.storage_offset() + offset))
-    return True
+def run_under(
+    body: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+    pack: Callable[[Tensor], Any], unpack: Callable[[Any], Tensor],
+) -> Any:
+    """``body(*args, **kwargs)`` with what it saves for backward going to ``pack``/``unpack`` (a saved region keeps
+    its backward state itself)."""
+    _compat.push_saved_tensors_hooks(pack, unpack)
+    try:
+        return body(*args, **kwargs)
+    finally:
+        _compat.pop_saved_tensors_hooks()
 
 
 # Autograd calls these from C++, also inside compiled code (a compiled submodule in a saved region's body), where
 # dynamo would trace them as the user's code.
-_compat.skip_dynamo_in_code(_KeepAll.pack, _Saves.pack, _Saves.unpack, _Rerun.pack, _Rerun.unpack, _unpack_kept)
+_compat.skip_dynamo_in_code(_KeepAll.pack, _Saves.pack, _Saves.unpack, unpack_kept)

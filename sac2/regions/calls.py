@@ -11,19 +11,23 @@ annotation and the policy decides its nodes as one region (``sac2.modes.tracing`
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar, overload
+from typing import Any, Callable, Protocol, TypeVar, overload
 
+import torch
+from torch import nn
 from torch.compiler import is_compiling
 
 from sac2 import _compat
 from sac2._compat import annotate_region  # by name: the compiled path reads no global another module reads
 from sac2.core.keys import Region
-from sac2.modes import region_contexts
 from sac2.modes.compiled import compiled_region, sac2_modes_on_top
-from sac2.record import region_saves
-from sac2.record.region_call import RegionCall
+from sac2.record import region_saves, regions
+from sac2.record.regions import RegionCall
 
-__all__ = ["region", "call_region", "traced_region", "region_key", "in_region_context"]
+__all__ = [
+    "region", "call_region", "traced_region", "region_key", "in_region_context", "module_region", "plain_call",
+    "RegionHandler",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,9 +56,18 @@ def region_key(name: str) -> Region:
 def in_region_context() -> bool:
     """Whether a ``call_region`` here is a region call (inside sac2 SAC, or traced by torch.compile), not a plain
     call."""
-    if is_compiling() or region_contexts.active() is not None:
+    if is_compiling() or regions.active() is not None:
         return True
     return bool(_compat.mode_stack_len() and sac2_modes_on_top())
+
+
+class RegionHandler(Protocol):
+    """What decides a region call and records or replays it: the innermost sac2 mode (``SacMode.region``) or
+    dispatch-free context (``sac2.record.regions.RegionForward``/``RegionReplay``)."""
+
+    def region(self, call: RegionCall) -> Any:
+        """Run ``call`` as one op of the policy's: saved, recomputed, or served in recompute."""
+        ...
 
 
 def call_region(
@@ -62,19 +75,21 @@ def call_region(
 ) -> Any:
     """``fn(*args, **kwargs)`` as a region call: one op for the policy inside sac2 SAC, traced inside an annotation
     under torch.compile, a plain call elsewhere. ``pure``: the caller knows ``fn`` draws no random numbers and
-    writes none of its arguments here (``sac2.record.region_call.RegionCall.pure``)."""
+    writes none of its arguments here (``sac2.record.regions.RegionCall.pure``)."""
     if is_compiling():
         return traced_region(key.name, fn, args, kwargs)
     body = fn  # no mode on the stack: nothing for ``compiled_region()`` to take off
+    handler: RegionHandler | None = None
     if _compat.mode_stack_len():
         body = functools.partial(_body, fn)
         modes = sac2_modes_on_top()
         if modes:
-            return modes[-1].region(RegionCall(key, body, args, kwargs, pure))
-    context = region_contexts.active()
-    if context is not None:
-        return context.region(RegionCall(key, body, args, kwargs, pure))
-    return fn(*args, **kwargs)
+            handler = modes[-1]
+    if handler is None:
+        handler = regions.active()
+    if handler is None:
+        return fn(*args, **kwargs)
+    return handler.region(RegionCall(key, body, args, kwargs, pure))
 
 
 def traced_region(name: str, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -124,3 +139,46 @@ def region(fn: Callable[..., Any] | None = None, *, name: str | None = None, kee
         return call_region(key, fn, args, kwargs)
 
     return call
+
+
+def module_region(cls: type[nn.Module]) -> Callable[..., Any]:
+    """The forward of ``cls``'s region subclass (``sac2.regions.in_models``): each call one call of the region its
+    module is named for (``_sac2_region``), pure where it is ``nn.Linear``'s own forward on plain tensors."""
+    parent = cls.forward
+    linear = parent is _LINEAR_FORWARD
+
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        name: str = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
+        body = parent.__get__(self)
+        if is_compiling():  # its name alone is guarded, not a Region every block shares
+            return traced_region(name, body, args, kwargs)
+        return call_region(region_key(name), body, args, kwargs, linear and _plain_linear(self, args, kwargs))
+
+    return forward
+
+
+_LINEAR_FORWARD = nn.Linear.forward
+
+
+def _plain_linear(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call of ``nn.Linear``'s own forward draws no random numbers: its weight and bias plain parameters
+    of the module (a parametrization computes them instead, and may draw: DropConnect), on plain tensors."""
+    params = vars(module)["_parameters"]
+    if "weight" not in params or "bias" not in params:
+        return False
+    return plain_call((*args, params["weight"], params["bias"]), kwargs)
+
+
+def plain_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether calling a torch function with these arguments runs that function itself: no torch-function or
+    dispatch mode on the stack, and no tensor subclass but ``Parameter`` among the arguments (any of which could
+    run other code, random ops included). A matmul called so draws no random numbers."""
+    if _compat.mode_stack_len() or _compat.function_mode_stack_len():
+        return False
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Tensor) and type(a) is not Tensor and type(a) is not _Parameter:
+            return False
+    return True
+
+
+Tensor, _Parameter = torch.Tensor, nn.Parameter

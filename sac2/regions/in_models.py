@@ -1,7 +1,7 @@
 """Regions in a model you did not write: chosen module calls and attention calls become ``sac2.region`` calls.
 
 ``sac2.apply_ac(model, mode="regions", save=...)`` uses this to checkpoint each block with a save list of only
-``sac2.Region``s, which needs no dispatch mode (``sac2.modes.region_contexts``): the ops between regions run at eager
+``sac2.Region``s, which needs no dispatch mode (``sac2.record.regions``): the ops between regions run at eager
 speed.
 
 What ``save`` can name, inside each block:
@@ -31,15 +31,13 @@ import sys
 from typing import Any, Callable, Iterable, Sequence
 
 from torch import nn
-from torch.compiler import is_compiling
 
 from sac2 import messages
 from sac2._compat import is_checkpoint_wrapper
 from sac2.core.keys import Region
 from sac2.core.module_names import names_module
-from sac2.core.rng import plain_call
 from sac2.regions import module_class
-from sac2.regions.calls import call_region, region_key, traced_region
+from sac2.regions.calls import call_region, module_region, region_key
 from sac2.regions.matmuls import matmuls_as_regions
 
 __all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
@@ -54,36 +52,14 @@ DEFAULT_SAVE: tuple[Target, ...] = (ATTENTION, LINEAR, EXPERTS)
 Target = str | type
 
 
-def _region_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    name: str = vars(self)["_sac2_region"]  # set by make_regions (vars: nn.Module types its attributes as tensors)
-    if is_compiling():  # its name alone is guarded, not a Region every block shares
-        return traced_region(name, forward, args, kwargs)
-    return call_region(region_key(name), forward, args, kwargs, _plain_linear(self, forward, args, kwargs))
-
-
-def _plain_linear(module: nn.Module, forward: Callable[..., Any], args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> bool:
-    """Whether ``forward`` is ``nn.Linear``'s own on plain tensors, which draws no random numbers: its weight and
-    bias plain parameters of the module (a parametrization computes them instead, and may draw: DropConnect)."""
-    if getattr(forward, "__func__", None) is not _LINEAR_FORWARD:
-        return False
-    params = vars(module)["_parameters"]
-    if "weight" not in params or "bias" not in params:
-        return False
-    return plain_call((*args, params["weight"], params["bias"]), kwargs)
-
-
-_LINEAR_FORWARD = nn.Linear.forward
-
-
 def _matmuls_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return matmuls_as_regions(region_key(vars(self)["_sac2_region"]), forward, args, kwargs)
 
 
 #: The two kinds of module region (``module_class`` kinds): the module's call, or its matmul calls (experts).
 REGION, MATMULS = "Region", "Matmuls"
-module_class.register_kind(REGION, _region_forward)
-module_class.register_kind(MATMULS, _matmuls_forward)
+module_class.register_kind(REGION, module_region)
+module_class.register_kind(MATMULS, module_class.wrapping(_matmuls_forward))
 #: What ``make_regions`` chose inside the blocks, by "block fqn.relative name": (relative name, module, kind), or
 #: None for transformers' attention interface (a region already).
 Chosen = dict[str, tuple[str, nn.Module, str] | None]

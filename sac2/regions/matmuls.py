@@ -19,8 +19,7 @@ from torch.compiler import is_compiling
 from torch.overrides import TorchFunctionMode
 
 from sac2.core.keys import Region
-from sac2.core.rng import plain_call
-from sac2.regions.calls import call_region, in_region_context
+from sac2.regions.calls import call_region, in_region_context, plain_call
 
 __all__ = ["MATMULS", "MatmulCalls", "matmuls_as_regions"]
 

@@ -12,29 +12,40 @@ from typing import Any, Callable
 
 from torch import nn
 
-__all__ = ["register_kind", "swap_class", "restore_class", "is_kind"]
+__all__ = ["register_kind", "wrapping", "swap_class", "restore_class", "is_kind"]
 
-#: kind (the class-name prefix) -> the forward its subclasses get: ``forward(self, parent_forward, *args, **kwargs)``.
-_kinds: dict[str, Callable[..., Any]] = {}
+#: A kind's maker of forwards: given the class, the forward its subclass gets (``forward(self, *args, **kwargs)``).
+MakeForward = Callable[[type[nn.Module]], Callable[..., Any]]
+#: kind (the class-name prefix) -> its maker of forwards.
+_kinds: dict[str, MakeForward] = {}
 _classes: dict[tuple[type, str], type] = {}
 
 
-def register_kind(kind: str, forward: Callable[..., Any]) -> None:
-    """Declare a kind of subclass: ``forward(module, parent_forward, *args, **kwargs)`` replaces the forward."""
-    _kinds[kind] = forward
+def register_kind(kind: str, make_forward: MakeForward) -> None:
+    """Declare a kind of subclass: ``make_forward(cls)`` gives the ``forward`` of ``cls``'s subclass, a function
+    of the kind's own module (so a call runs no code of this one), reading the parent's from ``cls.forward``."""
+    _kinds[kind] = make_forward
+
+
+def wrapping(wrap: Callable[..., Any]) -> MakeForward:
+    """A maker of forwards for ``register_kind`` from ``wrap(module, parent_forward, *args, **kwargs)``."""
+
+    def make_forward(cls: type[nn.Module]) -> Callable[..., Any]:
+        def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            # The parent's forward read from ``cls``, a closure cell dynamo guards once per class, not through
+            # ``super()``, whose MRO walk it guards on every instance.
+            return wrap(self, cls.forward.__get__(self), *args, **kwargs)
+
+        return forward
+
+    return make_forward
 
 
 def _subclass(cls: type[nn.Module], kind: str) -> type:
     found = _classes.get((cls, kind))
     if found is not None:
         return found
-    wrap = _kinds[kind]
-    new: type  # made below, before any call of forward
-
-    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        # The parent's forward read from ``cls``, a closure cell dynamo guards once per class, not through
-        # ``super()``, whose MRO walk it guards on every instance.
-        return wrap(self, cls.forward.__get__(self, new), *args, **kwargs)
+    forward = _kinds[kind](cls)
 
     def __reduce_ex__(
         self: nn.Module, _protocol: int
