@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from sac2 import messages, policies
+from sac2.api import moved
 from sac2.api.apply import apply_ac
 from sac2.api.checkpointing import checkpoint, create_selective_checkpoint_contexts
 from sac2.api.wrappers import (
@@ -25,7 +26,6 @@ from sac2.api.wrappers import (
     checkpoint_wrapper,
     offload_wrapper,
 )
-from sac2.core import moved
 from sac2.core.decisions import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.core.keys import Region, region_of
 from sac2.core.notices import forward_count

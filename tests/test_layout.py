@@ -1,6 +1,7 @@
 """The package's layout: every ``sac2.*`` submodule imports and defines each name its ``__all__`` lists, no
 exported name hides a submodule, private torch names are used only in ``sac2/_compat/`` (CONTRIBUTING.md: "every
-private torch API"), no module uses another module's private names, and every module stays short."""
+private torch API"), no module uses another module's private names, every module stays short, and the folders are
+layers that import only downward (``import sac2`` loads no tool)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import importlib
 import io
 import pkgutil
 import re
+import subprocess
+import sys
 import tokenize
 import types
 from pathlib import Path
@@ -266,3 +269,74 @@ def test_every_module_is_under_the_line_limit() -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in sorted(PACKAGE.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) >= MODULE_LINES}
     assert long == {}, f"modules of {MODULE_LINES} lines or more (split them along one idea each)"
+
+
+#: The folders of ``sac2``, lowest first: a module may import from its own folder and from folders before its own,
+#: never from one after it (CONTRIBUTING.md, "The layers"). The flow a reader sees: api -> policies and regions ->
+#: modes -> record -> frame -> core -> _compat -> messages; the tools (measure, bench, advisor) above the library,
+#: which never imports them. The package's ``__init__`` and ``__main__`` sit on top.
+LAYERS = (
+    "messages", "_compat", "core", "frame", "record", "modes", "regions", "policies", "api", "integrations",
+    "measure", "bench", "advisor",
+)
+
+
+def _folder(module: str) -> str | None:
+    """The folder of ``sac2.<folder>...`` (None for the package's own ``__init__``/``__main__``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else None
+
+
+def upward_imports(root: Path = PACKAGE, package: str = "sac2") -> list[str]:
+    """``file:line: importer -> imported`` for every import, at module level or inside a function, of a folder
+    later in ``LAYERS`` than the importer's own."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root)
+        if len(relative.parts) == 1:
+            continue  # __init__.py, __main__.py: the top
+        here = LAYERS.index(relative.parts[0])
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            folders = {_folder(n) for n in names if n.split(".")[0] == package} - {None}
+            for folder in sorted(f for f in folders if f in LAYERS and LAYERS.index(f) > here):
+                found.append(f"{relative}:{node.lineno}: {relative.parts[0]} -> {folder}")
+    return found
+
+
+def test_every_folder_is_a_layer() -> None:
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert folders == set(LAYERS)
+
+
+def test_no_module_imports_a_later_layer() -> None:
+    found = upward_imports()
+    assert found == [], "imports against the layers' order:\n" + "\n".join(found)
+
+
+def test_the_layer_check_sees_module_and_function_level_imports(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    for folder in ("core", "api", "advisor"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "core" / "a.py").write_text("from pkg.api.b import run\n\ndef f():\n    from pkg import advisor\n")
+    (pkg / "api" / "b.py").write_text("from pkg.core import a\nimport pkg.core.a\n")
+    assert upward_imports(pkg, "pkg") == ["core/a.py:1: core -> api", "core/a.py:4: core -> advisor"]
+
+
+def test_import_sac2_loads_no_tool() -> None:
+    code = "import sys, sac2; print(sorted(m for m in sys.modules if m.split('.')[1:2] in (['bench'], "
+    code += "['advisor'], ['measure'])))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_tools_names_load_on_first_use() -> None:
+    code = "import sys, sac2; sac2.advise; print('sac2.advisor' in sys.modules, 'sac2.bench.cli' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=PACKAGE.parent)
+    assert out.stdout.split() == ["True", "False"]

@@ -7,6 +7,8 @@ recorded sequence of op calls before and after a ``pickle`` round trip; the answ
 import functools
 import io
 import pickle
+import subprocess
+import sys
 from typing import Any
 
 import torch
@@ -125,6 +127,21 @@ class TestPoliciesPickle(TestCase):
         keys = {type(c.key).__name__ for c in budget.profile.calls}
         self.assertLessEqual({"OpOverload", "Region", "tuple"}, keys)  # the tuple holds the HOP and its callable
         self._assert_decides_the_same(budget)
+
+
+class TestPoliciesLoadInANewProcess(TestCase):
+    def test_a_preset_listing_an_op_torch_registers_on_import_loads_where_nothing_imported_it(self):
+        """``torch_attn._varlen_attn`` exists once ``torch.nn.attention.varlen`` is imported: a resumed trainer loads
+        its pickled policy before anything imports that module."""
+        blob = pickle.dumps(policies.llm())
+        code = (
+            "import pickle, sys, sac2, torch\n"
+            "assert 'torch.nn.attention.varlen' not in sys.modules\n"
+            "policy = pickle.loads(sys.stdin.buffer.read())\n"
+            "print(torch.ops.torch_attn._varlen_attn.default in policy.ops)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True)
+        self.assertEqual(out.stdout.decode().strip(), "True")
 
 
 class TestContextFnPickles(TestCase):

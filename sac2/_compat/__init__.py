@@ -84,6 +84,7 @@ from sac2._compat.ops import (
     flop_formula,
     has_internal_overlap,
     has_ordered_effect,
+    import_op_modules,
     op_at_path,
     op_packet,
     op_path,
@@ -132,6 +133,7 @@ from sac2._compat.torch_checkpoint import (
 )
 
 __all__ = [
+    "import_op_modules",
     "detach_below_sac2",
     "SDPA_FLASH",
     "SDPA_FLASH_CPU",

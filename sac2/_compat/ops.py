@@ -5,6 +5,7 @@ Each shim names, in a ``Removable:`` line, the torch change that would let it go
 
 from __future__ import annotations
 
+import importlib
 import operator
 import sys
 from typing import Any, Callable, Iterable, Sequence, TypeAlias, Union
@@ -17,6 +18,7 @@ from torch.utils import _pytree
 from sac2 import messages
 
 __all__ = [
+    "import_op_modules",
     "OpOverload", "OpOverloadPacket", "HigherOrderOperator", "Op", "FakeTensor", "tree_map", "tree_leaves",
     "call_leaves", "IGNORED_OPS",
     "INDUCTOR_COMPILED_CODE", "FLEX_ATTENTION", "TRITON_MUTATION", "compiled_regions_wrapped",
@@ -279,14 +281,37 @@ def op_path(op: Op) -> str:
     return f"higher_order.{op.name()}"
 
 
+#: torch modules that register ops when imported, not when torch is (``torch_attn._varlen_attn``).
+_MODULES_THAT_REGISTER_OPS = ("torch.nn.attention.varlen",)
+
+
+def import_op_modules() -> None:
+    """Import the torch modules that register ops on import, so that ``torch.ops`` has every op of torch's.
+
+    Removable: torch registers these ops when it is imported.
+    """
+    for name in _MODULES_THAT_REGISTER_OPS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+
+
 def op_at_path(path: str) -> Op:
-    """The op ``op_path`` named: the very object this process's ``torch.ops`` holds.
+    """The op ``op_path`` named: the very object this process's ``torch.ops`` holds (in a new process too, where a
+    torch module that registers it on import may not be imported yet: a policy pickled in another one).
 
     Removable: ops pickle by themselves (pybind function records and local HOP functions).
     """
     obj: object = torch.ops
-    for part in path.split("."):
-        obj = getattr(obj, part)
+    for i, part in enumerate(path.split(".")):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            if i == 0:
+                raise
+            import_op_modules()
+            obj = getattr(obj, part)
     if not isinstance(obj, (OpOverload, HigherOrderOperator)):
         raise TypeError(messages.not_an_op_path(path, obj))
     return obj

@@ -12,7 +12,6 @@ decides the same after loading: ops are stored by their path under ``torch.ops``
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from typing import Any, Callable, Iterable
 
@@ -35,7 +34,6 @@ from sac2.messages.internal import InternalError
 
 __all__ = [
     "lookup",
-    "import_op_modules",
     "llm_save_list",
     "llm",
     "every_other_matmul",
@@ -100,7 +98,6 @@ _COMMUNICATION = tuple(
         "all_to_all_single",
     )
 )
-_MODULES_THAT_REGISTER_OPS = ("torch.nn.attention.varlen",)  # registers torch_attn._varlen_attn on import
 
 
 def lookup(path: str) -> _compat.Op | None:
@@ -114,15 +111,6 @@ def lookup(path: str) -> _compat.Op | None:
     return obj if isinstance(obj, (_compat.OpOverload, _compat.HigherOrderOperator)) else None
 
 
-def import_op_modules() -> None:
-    """Import the torch modules that register ops some presets list (``torch_attn._varlen_attn``)."""
-    for name in _MODULES_THAT_REGISTER_OPS:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            pass
-
-
 def llm_save_list() -> frozenset[_compat.Op]:
     """The ops an LLM block keeps: every matmul (grouped and low-precision ones too), every attention kernel,
     convolutions, max/topk and the functional collectives.
@@ -134,7 +122,7 @@ def llm_save_list() -> frozenset[_compat.Op]:
     Returns:
         The ops, as a frozenset of ``OpOverload``s and higher-order ops.
     """
-    import_op_modules()
+    _compat.import_op_modules()
     ops = [lookup(path) for path in _COMPUTE + _COMMUNICATION]
     ops += [_compat.FLEX_ATTENTION, _compat.INDUCTOR_COMPILED_CODE]
     return frozenset(op for op in ops if op is not None)

@@ -17,7 +17,7 @@ from sac2.core import pickling
 from sac2.core.decisions import CheckpointPolicy, SelectiveCheckpointContext, forward_state
 from sac2.core.keys import PolicyOp
 from sac2.core.module_names import torchtitan_names_module
-from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, import_op_modules, lookup
+from sac2.policies.presets import MUST_SAVE, PREFER_RECOMPUTE, lookup
 
 __all__ = ["torchtitan_save_list", "torchtitan"]
 
@@ -51,7 +51,7 @@ def torchtitan_save_list() -> frozenset[_compat.Op]:
     Returns:
         The ops, as a frozenset of ``OpOverload``s and higher-order ops.
     """
-    import_op_modules()
+    _compat.import_op_modules()
     ops: list[_compat.Op | None] = [*_compat.partitioner_compute_intensive_ops()]
     ops += [lookup(path) for path in _TITAN_COMPUTE + _TITAN_COMMUNICATION]
     ops += [_compat.FLEX_ATTENTION, _compat.INDUCTOR_COMPILED_CODE]
