@@ -94,6 +94,25 @@ def test_a_parameter_written_in_place_after_the_forward_raises_autograds_error(r
         out.sum().backward()
 
 
+@pytest.mark.parametrize("route", ["full AC", "SAC saving nothing"])
+def test_saved_views_of_one_tensor_written_through_it_raise_autograds_error_naming_the_view(route):
+    """The frame keeps one witness per version counter (views share their base's): a write into the base is
+    still each saved view's write, named by the view's own shape."""
+    kept: list[torch.Tensor] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        b = x * 2.0
+        kept.append(b)
+        return b[:, :4].sin() * b.view(8, 4)[:4].cos()  # each saves its own (4, 4) view of b
+
+    x = torch.randn(4, 8, requires_grad=True)
+    out = _ROUTES[route](lambda x: f(x), x)  # type: ignore[arg-type]  # a function, as checkpoint takes
+    with torch.no_grad():
+        kept[0].add_(1.0)
+    with pytest.raises(RuntimeError, match=_AUTOGRAD_INPLACE + r": \[torch.FloatTensor \[4, 4\]\]"):
+        out.sum().backward()
+
+
 def test_a_write_before_the_tensor_is_saved_is_no_error():
     def f(x: torch.Tensor) -> torch.Tensor:
         n = x * 2.0

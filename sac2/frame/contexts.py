@@ -9,11 +9,11 @@ replay which op to finish first. The frame imports no mode and no record: these 
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Callable, Protocol, cast, runtime_checkable
 
 from sac2 import _compat
 
-__all__ = ["SelectiveForward", "FinishingReplay"]
+__all__ = ["SelectiveForward", "FinishingReplay", "selective", "finishing"]
 
 
 @runtime_checkable
@@ -36,3 +36,26 @@ class FinishingReplay(Protocol):
     def finish_op(self, stop: Callable[[], BaseException]) -> bool:
         """Finish the op under way, then raise ``stop()``; False when the frame should stop at once."""
         ...
+
+
+#: Per (protocol, class): whether the class's instances meet the protocol. A protocol's own ``isinstance`` reads
+#: every member on every call (microseconds, per checkpointed call); the frame asks once per class.
+_meets: dict[tuple[type, type], bool] = {}
+
+
+def _meets_protocol(protocol: type, context: object) -> bool:
+    key = (protocol, type(context))
+    meets = _meets.get(key)
+    if meets is None:
+        meets = _meets[key] = isinstance(context, protocol)
+    return meets
+
+
+def selective(context: object) -> SelectiveForward | None:
+    """``context`` as a ``SelectiveForward`` if its class is one (sac2's forward contexts), else None."""
+    return cast(SelectiveForward, context) if _meets_protocol(SelectiveForward, context) else None
+
+
+def finishing(context: object) -> FinishingReplay | None:
+    """``context`` as a ``FinishingReplay`` if its class is one (sac2's replay mode), else None."""
+    return cast(FinishingReplay, context) if _meets_protocol(FinishingReplay, context) else None

@@ -20,7 +20,7 @@ from torch.compiler import is_compiling
 
 from sac2 import _compat, messages
 from sac2.core.notices import count_forward
-from sac2.frame.contexts import SelectiveForward
+from sac2.frame.contexts import selective
 from sac2.frame.debug_trace import OpTrace
 from sac2.frame.frame import Frame, Holder
 from sac2.frame.switches import torch_frame_in_use
@@ -150,10 +150,11 @@ def _contexts(
         return None, None, False
     forward_context, recompute_context = context_fn()
     _compat.tell_torch_sac_modes(forward_context, respect_saved_tensors_hooks)
-    if not isinstance(forward_context, SelectiveForward):  # not sac2's: torch's or the user's own contexts
+    sac2s = selective(forward_context)
+    if sac2s is None:  # not sac2's: torch's or the user's own contexts
         return forward_context, recompute_context, False
     hooks = _compat.user_saved_tensors_hooks()
-    forward_context.saved_tensors_hooks = hooks if respect_saved_tensors_hooks else None
+    sac2s.saved_tensors_hooks = hooks if respect_saved_tensors_hooks else None
     return forward_context, recompute_context, hooks is not None and respect_saved_tensors_hooks is None
 
 
@@ -161,7 +162,8 @@ def _warn_if_bypassed(contexts: list[object], stacklevel: int) -> None:
     """torch's FutureWarning, once the forward is done, if one of ``contexts`` (forward contexts whose saves
     bypassed the user's hooks by default) saved something."""
     for context in contexts:
-        if isinstance(context, SelectiveForward) and context.saves_anything():
+        sac2s = selective(context)
+        if sac2s is not None and sac2s.saves_anything():
             warnings.warn(messages.HOOKS_BYPASSED, FutureWarning, stacklevel=stacklevel)
             return
 

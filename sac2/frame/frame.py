@@ -51,9 +51,9 @@ from torch.utils.checkpoint import GraphExecGroup
 
 from sac2 import _compat, messages
 from sac2.frame import inplace_check
-from sac2.frame.contexts import FinishingReplay
+from sac2.frame.contexts import finishing
 from sac2.frame.debug_trace import OpTrace
-from sac2.frame.inplace_check import SavedVersions
+from sac2.frame.inplace_check import SavedVersions, Witnesses, unchanged
 from sac2.frame.switches import preserved_generators
 from sac2.messages.internal import InternalError
 
@@ -99,7 +99,7 @@ class Frame:
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
         "generators", "input_ids", "input_strides", "devices", "autocast", "device_context", "stores",
-        "completed", "ignore_mismatch", "trace",
+        "completed", "ignore_mismatch", "trace", "witnesses",
     )
 
     def __init__(
@@ -118,8 +118,10 @@ class Frame:
         self.check = determinism_check == "default"
         self.holders: list[weakref.ref[Holder]] = []
         self.metas: list[Meta] = []
-        #: The saved tensors' versions, for autograd's in-place check (rules 3 and 3a).
+        #: The saved tensors' versions, for autograd's in-place check (rules 3 and 3a), through witnesses of their
+        #: version counters made while the forward runs.
         self.versions = SavedVersions(args, nested=_compat.in_checkpoint_forward())
+        self.witnesses = Witnesses()
         self.stores: dict[GraphExecGroup | int, Store] = {}
         self.completed = False
         self.ignore_mismatch = False
@@ -141,7 +143,7 @@ class Frame:
         """The forward's (pack, unpack) pair. The pack hook holds no reference to the frame (autograd keeps the
         hooks in its graph): only the unpack hook does."""
         holders, metas, versions, check = self.holders, self.metas, self.versions.entries, self.check
-        ref, new, witnessed = weakref.ref, Holder.__new__, inplace_check.entry
+        ref, new, witnessed = weakref.ref, Holder.__new__, self.witnesses.entry
         # The inputs are saved as autograd saves tensors (see __init__): autograd checks their versions itself.
         inputs = self.input_ids
 
@@ -161,7 +163,8 @@ class Frame:
 
     def unpack(self, h: Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
-        self.versions.check(h.index, h.entry, here=True)
+        if not unchanged(h.entry):
+            self.versions.check(h.index, h.entry, here=True)
         gid = _compat.graph_task()
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
             t = self.recompute()[h.index]
@@ -180,6 +183,7 @@ class Frame:
 
     def end_forward(self) -> None:
         self.completed = True
+        self.witnesses.by_root.clear()
         self.versions.end_forward()
 
     def recompute(self) -> Store:
@@ -222,8 +226,8 @@ class Frame:
         tensors it has seen."""
         holders, count = self.holders, [0]
         n = len(holders)
-        replay: object = self.recompute_context  # any context; sac2's replay mode also finishes ops
-        finish_op = replay.finish_op if isinstance(replay, FinishingReplay) else None  # sac2's replay mode
+        replay = finishing(self.recompute_context)  # sac2's replay mode finishes the op under way first
+        finish_op = replay.finish_op if replay is not None else None
         # sac2's modes ignore detach (the recompute hook's own): skip their Python dispatch for plain tensors
         detach = _compat.detach_below_sac2 if finish_op is not None else Tensor.detach
 

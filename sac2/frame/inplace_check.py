@@ -16,7 +16,7 @@ import torch
 
 from sac2 import _compat, messages
 
-__all__ = ["SavedVersions", "Entry", "Witnessed", "entry", "hooks_keep"]
+__all__ = ["SavedVersions", "Witnesses", "Entry", "Witnessed", "entry", "hooks_keep", "unchanged"]
 
 Tensor = torch.Tensor
 #: A tensor's witness (``_compat.version_witness``, or the parameter it is or views; else a weak reference to the
@@ -112,6 +112,32 @@ class SavedVersions:
         return self.user_hooks is not None and hooks_keep(self.user_hooks, device, self.hooks_keep)
 
 
+class Witnesses:
+    """The witnesses of one frame's forward, one per version counter: the tensors a forward saves are often views of
+    one base (q, k and v of one projection; a Linear's reshaped input) or one tensor saved by several ops, and a view
+    shares its base's counter, so one witness of the base serves them all. Looked up by the base's id, checked
+    against a weak reference (an id is reused once its tensor is gone); dropped when the forward ends."""
+
+    __slots__ = ("by_root",)
+
+    def __init__(self) -> None:
+        self.by_root: dict[int, tuple[weakref.ref[Tensor], Tensor | None]] = {}
+
+    def entry(self, x: Tensor) -> Witnessed:
+        """``entry(x)``, with the witness of ``x``'s base made once per forward."""
+        base = _view_base(x)
+        root = x if base is None or base.dtype != x.dtype else base  # the error names the tensor by its dtype
+        if root.is_leaf and root.requires_grad:  # a parameter, or a view of one: its own witness
+            return root, _version(x), x.shape
+        hit = self.by_root.get(id(root))
+        if hit is not None and hit[0]() is root:
+            w = hit[1]
+        else:
+            w = _witness(root)
+            self.by_root[id(root)] = (weakref.ref(root), w)
+        return (weakref.ref(x), _version(x), None) if w is None else (w, _version(x), x.shape)
+
+
 def hooks_keep(hooks: _compat.HookPair, device: torch.device, probed: dict[torch.device, bool]) -> bool:
     """Whether ``hooks`` hand back the tensor they were given (not a copy) on ``device``, probed once per device
     (remembered in ``probed``) with a one-element tensor."""
@@ -139,7 +165,16 @@ def entry(x: Tensor) -> Witnessed:
     return (weakref.ref(x), _version(x), None) if w is None else (w, _version(x), x.shape)
 
 
-_version, _witness = _compat.version, _compat.version_witness
+_version, _witness, _view_base = _compat.version, _compat.version_witness, _compat.view_base
+
+
+def unchanged(saved: Entry) -> bool:
+    """Whether the tensor of ``saved`` (None: a checkpoint input, autograd's to check) keeps the version it was saved
+    at: the unpack's common case, read inline (``SavedVersions.check`` then says why not)."""
+    if saved is None:
+        return True
+    w = saved[0]
+    return isinstance(w, Tensor) and _version(w) == saved[1]
 
 
 def _described(x: Tensor, e: Witnessed) -> str:
