@@ -26,6 +26,8 @@ __all__ = [
     "COUNTED",
     "randn",
     "grads",
+    "outputs_and_grads",
+    "assert_same_as_without_checkpointing",
     "STYLES",
     "backward_in_style",
     "bitwise_equal",
@@ -80,6 +82,60 @@ def backward_in_style(style: str, loss: torch.Tensor, leaves: list[torch.Tensor]
     else:
         raise ValueError(f"unknown backward style {style!r}")
     return [t.grad for t in leaves]
+
+
+def _leaf(t: Any) -> Any:
+    return t.detach().clone().requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+
+
+def outputs_and_grads(
+    run: Callable[..., Any], fn: Callable[..., Any], *inputs: Any, loss: Callable[[Any], torch.Tensor] | None = None
+) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+    """``run(fn, *inputs)`` on fresh copies of ``inputs`` (leaves requiring grad as theirs do), then
+    ``loss(out).backward()`` (default: the sum of every output's sum): the outputs, and the gradients of the
+    inputs that require grad and of ``fn``'s parameters if it is a module (None where none reached it)."""
+    leaves = [_leaf(t) for t in inputs]
+    params = list(fn.parameters()) if isinstance(fn, nn.Module) else []
+    for q in params:
+        q.grad = None
+    out = run(fn, *leaves)
+    outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    if loss is not None:
+        loss(out).backward()
+    else:
+        sums = [o.sum() for o in outs if o.requires_grad]
+        functools.reduce(lambda a, b: a + b, sums[1:], sums[0]).backward()
+    wrt = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad] + params
+    return [o.detach() for o in outs], [t.grad for t in wrt]
+
+
+def _plain_call(fn: Callable[..., Any], *inputs: Any) -> Any:
+    return fn(*inputs)
+
+
+def assert_same_as_without_checkpointing(
+    run: Callable[..., Any],
+    fn: Callable[..., Any],
+    *inputs: Any,
+    reference: Callable[..., Any] = _plain_call,
+    loss: Callable[[Any], torch.Tensor] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
+    """The oracle: ``run(fn, *inputs)`` (a checkpointed run) gives the outputs and gradients of ``reference(fn,
+    *inputs)`` (default: ``fn(*inputs)``, no checkpointing), bit for bit, or within ``rtol``/``atol`` when given
+    (compiled code, which may fuse a recomputed graph differently). Both start from the same global RNG state."""
+    state = torch.get_rng_state()
+    want = outputs_and_grads(reference, fn, *inputs, loss=loss)
+    torch.set_rng_state(state)
+    got = outputs_and_grads(run, fn, *inputs, loss=loss)
+    for g, w in zip([*got[0], *got[1]], [*want[0], *want[1]], strict=True):
+        if g is None or w is None:
+            assert g is None and w is None, "a gradient reached one run and not the other"
+        elif rtol is None and atol is None:
+            assert torch.equal(g, w), f"differs from no checkpointing: max |diff| {(g - w).abs().max()}"
+        else:
+            torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
 
 
 def bitwise_equal(got: list[torch.Tensor | None], reference: list[torch.Tensor | None]) -> bool:

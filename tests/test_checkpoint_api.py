@@ -15,7 +15,7 @@ from expecttest import TestCase
 
 import sac2
 
-from helpers import contexts, randn
+from helpers import assert_same_as_without_checkpointing, contexts, randn
 
 aten = torch.ops.aten
 _executions = {"counted_neg": 0}
@@ -136,9 +136,9 @@ class TestReentrant(TestCase):
         self.assertExpectedInline(str(cm.exception), """sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective policy; drop use_reentrant (sac2 defaults to False) to use context_fn.""")  # noqa: E501
 
     def test_without_context_fn_gives_equal_gradients(self) -> None:
-        expected = _grad(_plain, _neg_then_exp, randn(3, 3, dtype=torch.float64))
-        actual = _grad(partial(sac2.checkpoint, use_reentrant=True), _neg_then_exp, randn(3, 3, dtype=torch.float64))
-        assert torch.equal(actual, expected)
+        assert_same_as_without_checkpointing(
+            partial(sac2.checkpoint, use_reentrant=True), _neg_then_exp, randn(3, 3, dtype=torch.float64)
+        )
 
 
 def _dropout(a: torch.Tensor) -> torch.Tensor:
@@ -152,7 +152,7 @@ def _seeded_grad(call: Callable) -> torch.Tensor:
 
 def test_preserve_rng_state_true_replays_dropout_mask() -> None:
     call = partial(sac2.checkpoint, preserve_rng_state=True, context_fn=contexts([]))
-    assert torch.equal(_seeded_grad(call), _seeded_grad(_plain))
+    assert_same_as_without_checkpointing(call, _dropout, randn(3, 3, dtype=torch.float64))
 
 
 def test_preserve_rng_state_false_draws_a_new_dropout_mask() -> None:
@@ -162,8 +162,7 @@ def test_preserve_rng_state_false_draws_a_new_dropout_mask() -> None:
 
 def test_determinism_check_none_gives_equal_gradients() -> None:
     call = partial(sac2.checkpoint, determinism_check="none", context_fn=contexts([aten.mm.default]))
-    x, x_ref = randn(3, 3, dtype=torch.float64), randn(3, 3, dtype=torch.float64)
-    assert torch.equal(_grad(call, _neg_then_exp, x), _grad(_plain, _neg_then_exp, x_ref))
+    assert_same_as_without_checkpointing(call, _neg_then_exp, randn(3, 3, dtype=torch.float64))
 
 
 def test_early_stop_skips_ops_after_the_last_needed_one() -> None:
@@ -175,16 +174,15 @@ def test_early_stop_false_recomputes_the_whole_function() -> None:
 
 
 def test_debug_without_context_fn_gives_equal_gradients() -> None:
-    call = partial(sac2.checkpoint, debug=True)
-    x, x_ref = randn(3, 3, dtype=torch.float64), randn(3, 3, dtype=torch.float64)
-    assert torch.equal(_grad(call, _neg_then_exp, x), _grad(_plain, _neg_then_exp, x_ref))
+    assert_same_as_without_checkpointing(
+        partial(sac2.checkpoint, debug=True), _neg_then_exp, randn(3, 3, dtype=torch.float64)
+    )
 
 
 def test_debug_with_context_fn_gives_equal_gradients_on_sac2s_frame() -> None:
     # torch's frame refuses debug=True with a context_fn; sac2's traces the policy's decisions too
     call = partial(sac2.checkpoint, debug=True, context_fn=contexts([COUNTED]))
-    x, x_ref = randn(3, 3, dtype=torch.float64), randn(3, 3, dtype=torch.float64)
-    assert torch.equal(_grad(call, _neg_then_exp, x), _grad(_plain, _neg_then_exp, x_ref))
+    assert_same_as_without_checkpointing(call, _neg_then_exp, randn(3, 3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("policy", [[], [aten.mm.default]], ids=["save_nothing", "save_mm"])
@@ -199,10 +197,10 @@ def test_autocast_state_is_kept_in_recompute(policy: list) -> None:
 
         return run
 
-    x_ref, x = (randn(3, 3, dtype=torch.float64).float().detach().requires_grad_() for _ in range(2))
-    expected = _grad(autocast(_plain), fn, x_ref)
-    actual = _grad(autocast(partial(sac2.checkpoint, context_fn=contexts(policy))), fn, x)
-    assert torch.equal(actual, expected)
+    x = randn(3, 3, dtype=torch.float64).float().detach().requires_grad_()
+    assert_same_as_without_checkpointing(
+        autocast(partial(sac2.checkpoint, context_fn=contexts(policy))), fn, x, reference=autocast(_plain)
+    )
 
 
 def test_modes_do_not_subclass_torchs_private_sac_modes() -> None:

@@ -17,6 +17,8 @@ from torch.autograd.graph import saved_tensors_hooks
 
 import sac2
 
+from helpers import assert_same_as_without_checkpointing
+
 
 class _Block(nn.Module):
     """A bias-free linear layer and an RMSNorm-like scaling: the shape of a transformer block's first half."""
@@ -31,44 +33,40 @@ class _Block(nn.Module):
         return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * self.scale
 
 
-def _grads(run: Callable[[torch.Tensor], torch.Tensor], block: _Block) -> list[torch.Tensor]:
-    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    block.zero_grad()
-    run(x).sum().backward()
-    return [x.grad, block.proj.weight.grad, block.scale.grad]
+X = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+
+def _compiled(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    compiled = torch.compile(forward, backend="aot_eager")
+    return lambda _block, x: compiled(x)
 
 
 def test_compiled_checkpoint_without_context_fn_matches_compiled_no_checkpoint() -> None:
     torch._dynamo.reset()
     block = _Block()
-    expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
-    actual = _grads(torch.compile(lambda x: sac2.checkpoint(block, x), backend="aot_eager"), block)
-    for got, want in zip(actual, expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert_same_as_without_checkpointing(_compiled(lambda x: sac2.checkpoint(block, x)), block, X,
+                                         reference=_compiled(lambda x: block(x)), rtol=1e-5, atol=1e-6)
 
 
 def test_compiled_decorated_checkpoint_matches_compiled_no_checkpoint() -> None:
     torch._dynamo.reset()
     block = _Block()
-    expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
     checkpointed = sac2.checkpoint(use_reentrant=False)(block)
-    actual = _grads(torch.compile(lambda x: checkpointed(x), backend="aot_eager"), block)
-    for got, want in zip(actual, expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert_same_as_without_checkpointing(_compiled(lambda x: checkpointed(x)), block, X,
+                                         reference=_compiled(lambda x: block(x)), rtol=1e-5, atol=1e-6)
 
 
 def test_compiled_checkpoint_under_user_hooks_compiles_without_graph_breaks() -> None:
     torch._dynamo.reset()
     counters.clear()
     block = _Block()
-    expected = _grads(torch.compile(lambda x: block(x), backend="aot_eager"), block)
     context_fn = partial(sac2.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
-    compiled = torch.compile(
-        lambda x: sac2.checkpoint(block, x, context_fn=context_fn, respect_saved_tensors_hooks=True),
-        backend="aot_eager",
-    )
-    with saved_tensors_hooks(lambda t: t, lambda t: t):
-        actual = _grads(compiled, block)
+    compiled = _compiled(lambda x: sac2.checkpoint(block, x, context_fn=context_fn, respect_saved_tensors_hooks=True))
+
+    def under_hooks(b: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        with saved_tensors_hooks(lambda t: t, lambda t: t):
+            return compiled(b, x)
+
+    assert_same_as_without_checkpointing(under_hooks, block, X, reference=_compiled(lambda x: block(x)),
+                                         rtol=1e-5, atol=1e-6)
     assert not counters["graph_break"]
-    for got, want in zip(actual, expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

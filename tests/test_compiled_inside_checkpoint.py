@@ -20,6 +20,8 @@ from torch.utils._mode_utils import no_dispatch
 
 import sac2
 
+from helpers import assert_same_as_without_checkpointing, outputs_and_grads
+
 
 class _Norm(nn.Module):
     """An RMSNorm written by the user: dynamo compiles its forward (torch's own ``nn.RMSNorm`` it runs as is)."""
@@ -78,11 +80,7 @@ ROUTES: dict[str, Callable[[nn.Module, torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _grads(block: nn.Module, run: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
-    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    block.zero_grad()
-    run(block, x).sum().backward()
-    return [x.grad, *(p.grad for p in block.parameters())]
+X = torch.randn(4, 32, generator=torch.Generator().manual_seed(0), requires_grad=True)
 
 
 def _compiled_submodules(backend: str, users: bool = False) -> _Block:
@@ -100,18 +98,13 @@ def test_compiled_submodules_inside_a_checkpoint_give_the_gradients_of_no_checkp
 ) -> None:
     block = _compiled_submodules("aot_eager", users)
     before = sac2.forward_count()
-    got = _grads(block, ROUTES[route])
+    assert_same_as_without_checkpointing(ROUTES[route], block, X)
     assert sac2.forward_count() > before  # sac2's frame ran it
-    want = _grads(block, lambda b, x: b(x))
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
 def test_compiled_submodules_inside_a_checkpoint_under_inductor() -> None:
     block = _compiled_submodules("inductor", users=True)
-    got = _grads(block, ROUTES["sac2.checkpoint, selective"])
-    want = _grads(block, lambda b, x: b(x))
-    for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert_same_as_without_checkpointing(ROUTES["sac2.checkpoint, selective"], block, X, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("users", [False, True], ids=["torch's modules", "the user's modules"])
@@ -122,7 +115,7 @@ def test_compiled_submodules_inside_a_checkpoint_compile_once_each(users: bool) 
     counters.clear()
     with torch._dynamo.config.patch(recompile_limit=2, fail_on_recompile_limit_hit=True):
         for _ in range(2):  # a second step reuses every compiled submodule
-            _grads(block, ROUTES["sac2.checkpoint"])
+            outputs_and_grads(ROUTES["sac2.checkpoint"], block, X)
     assert counters["frames"]["total"] == counters["stats"]["unique_graphs"] == (2 if users else 0)
 
 
@@ -172,10 +165,10 @@ def test_a_compiled_submodule_as_a_saved_region_traces_none_of_the_regions_hooks
     context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [sac2.Region(name)])
     counters.clear()
     try:
-        got = _grads(linear, lambda b, x: sac2.checkpoint(lambda y: saved(y).sin() @ b.weight, x,
-                                                          context_fn=context_fn))
+        assert_same_as_without_checkpointing(
+            lambda b, x: sac2.checkpoint(lambda y: saved(y).sin() @ b.weight, x, context_fn=context_fn),
+            linear, X, reference=lambda b, x: b(x).sin() @ b.weight,
+        )
     finally:
         sac2.region(linear, name=name, keep_inputs=False)
     assert not counters["frames"]  # torch's Linear runs as it is: nothing for dynamo to compile
-    want = _grads(linear, lambda b, x: b(x).sin() @ b.weight)
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -13,7 +13,7 @@ from torch import nn
 
 import sac2
 
-from helpers import contexts
+from helpers import assert_same_as_without_checkpointing, contexts
 
 aten = torch.ops.aten
 
@@ -22,24 +22,13 @@ def _save_all(_ctx, _op, *args, **kwargs):
     return sac2.CheckpointPolicy.MUST_SAVE
 
 
-def _grads(fn, inputs, **checkpoint_kwargs):
-    """(outputs, gradients of their sum of sums) of ``fn`` run plainly (no kwargs) or under ``sac2.checkpoint``."""
-    inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-    out = sac2.checkpoint(fn, *inputs, **checkpoint_kwargs) if checkpoint_kwargs else fn(*inputs)
-    outs = out if isinstance(out, tuple) else (out,)
-    loss = sum(o.sum() for o in outs if o.requires_grad)
-    grads = torch.autograd.grad(loss, [t for t in inputs if t.requires_grad])
-    return tuple(o.detach().clone() for o in outs), grads
-
-
 def _assert_same(fn, inputs, policy, **kwargs):
+    """``fn`` under ``sac2.checkpoint`` saving what ``policy`` says gives the outputs and gradients of no
+    checkpointing, bit for bit, from the same RNG state."""
     torch.manual_seed(0)
-    expected = _grads(fn, inputs)
-    torch.manual_seed(0)
-    actual = _grads(fn, inputs, context_fn=contexts(policy), **kwargs)
-    for e, a in zip(expected, actual, strict=True):
-        for x, y in zip(e, a, strict=True):
-            assert torch.equal(x, y)
+    assert_same_as_without_checkpointing(
+        lambda f, *xs: sac2.checkpoint(f, *xs, context_fn=contexts(policy), **kwargs), fn, *inputs
+    )
 
 
 # ---- 1. preserve_rng_state=False leaves the generator where no checkpointing leaves it ----

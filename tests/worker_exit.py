@@ -1,4 +1,4 @@
-"""How a gloo rank of the distributed tests ends (imported by tests/fsdp2_worker.py and tests/tp_worker.py)."""
+"""How a gloo rank of the distributed tests ends (every worker in tests/distributed imports it)."""
 
 from __future__ import annotations
 

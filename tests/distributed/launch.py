@@ -1,8 +1,8 @@
 """Start two gloo ranks of a worker in tests/distributed (torchrun's environment, one process each) and collect
 the JSON line each prints last.
 
-Shared by the test files of this package so that each spawns its ranks the same way as tests/test_fsdp2.py: a free
-port, ``RANK``/``WORLD_SIZE``/``MASTER_*`` in the environment, ``tests/`` on ``PYTHONPATH`` (for ``worker_exit``).
+The one launcher of the distributed tests: every test file of this package spawns its ranks through it (a free
+port, ``RANK``/``WORLD_SIZE``/``MASTER_*`` in the environment, ``tests/`` on ``PYTHONPATH`` for ``worker_exit``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""One rank of tests/test_fsdp2.py: train 4 sac2-checkpointed blocks under FSDP2 and report losses and collectives.
+"""One rank of tests/distributed/test_fsdp2.py: train 4 sac2-checkpointed blocks under FSDP2 and report losses and
+collectives.
 
 Launched with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON line:
 per AC mode, the 3 step losses and how many times the blocks' functional all_reduce and the Linears' addmm actually

@@ -1,4 +1,5 @@
-"""One rank of tests/test_tensor_parallel.py: FSDP2 over tensor-parallel (DTensor) blocks, checkpointed by sac2.
+"""One rank of tests/distributed/test_tensor_parallel.py: FSDP2 over tensor-parallel (DTensor) blocks, checkpointed by
+sac2.
 
 Launched with torchrun's environment. The 2 ranks form a (dp=1, tp=2) mesh: each block's linears are split with
 ``ColwiseParallel``/``RowwiseParallel`` as torchtitan's TP does, then ``fully_shard``ed over dp. Rank 0 prints one
