@@ -10,7 +10,8 @@ sac2 bugs (``pytest.mark.xfail(strict=True)`` until fixed). ``tests/seams/harnes
 ``SAC2_SEAMS=full`` selects every valid cell; by default a pairwise covering design: every pair of values of any
 two dimensions that some valid cell has appears in at least one selected cell (``test_seams.py`` checks it).
 ``SAC2_SEAMS=ci`` is the full product for eager and aot_eager with nothing around the step, and pairwise for the
-other executions and for the user's tools around it.
+other executions and for the user's tools around it; ``SAC2_SEAMS=ci-rest`` is that selection less the pairwise
+cells the default suite already ran (those of routes that need no client library), so CI runs no cell twice.
 """
 
 from __future__ import annotations
@@ -289,12 +290,10 @@ CI_FULL = ("eager", "aot_eager")
 
 def trimmed(cells: list[Cell]) -> list[Cell]:
     """The ``ci`` selection: the full product of ``CI_FULL``'s executions (sac2's own compiled path, the modes
-    tagging nodes for the partitioner, on every route, policy and backward), plus pairwise cover of the pairs only
-    the other executions have (inductor's code generation, fullgraph, symbolic shapes)."""
-    base = [c for c in cells if c.execution in CI_FULL and c.around == "none"]
-    covered = frozenset().union(*(pairs_of(c) for c in base))
-    chosen = set(base)
-    return sorted(base + pairwise([c for c in cells if c not in chosen], covered))
+    tagging nodes for the partitioner, on every route, policy and backward) and the default pairwise set, which
+    covers the pairs only the other executions have (inductor's code generation, fullgraph, symbolic shapes)."""
+    base = {c for c in cells if c.execution in CI_FULL and c.around == "none"}
+    return sorted(base | set(pairwise(cells)))
 
 
 def selected() -> list[Cell]:
@@ -307,6 +306,9 @@ def selected() -> list[Cell]:
         return sorted(cells)
     if mode == "ci":
         return trimmed(cells)
+    if mode == "ci-rest":
+        ran = {c for c in pairwise(cells) if c.route in _SMALL_MODEL_ROUTES}  # the default suite's, clients aside
+        return [c for c in trimmed(cells) if c not in ran]
     if mode == "pairwise":
         return pairwise(cells)
-    raise ValueError(f"SAC2_SEAMS={mode!r}: expected 'pairwise' (the default), 'ci' or 'full'.")
+    raise ValueError(f"SAC2_SEAMS={mode!r}: expected 'pairwise' (the default), 'ci', 'ci-rest' or 'full'.")
