@@ -55,6 +55,7 @@ from sac2.frame.debug_trace import OpTrace
 from sac2.frame.inplace_check import SavedVersions
 from sac2.frame.switches import preserved_generators
 from sac2.messages.internal import InternalError
+from sac2.offload import saves, schedule
 
 __all__ = ["Frame", "Holder", "CheckpointError"]
 
@@ -98,7 +99,7 @@ class Frame:
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
         "generators", "input_ids", "input_strides", "devices", "autocast", "device_context", "stores",
-        "completed", "ignore_mismatch", "trace",
+        "completed", "ignore_mismatch", "trace", "block",
     )
 
     def __init__(
@@ -110,8 +111,12 @@ class Frame:
         recompute_context: ContextManager[object] | None,
         determinism_check: str,
         early_stop: bool,
+        block: schedule.Block | None = None,
+        offload_inputs: bool = False,
     ) -> None:
         self.fn, self.kwargs = fn, kwargs
+        #: Offload's block for this call (``sac2.offload.schedule``), None while nothing asked for offload.
+        self.block = block
         self.recompute_context = recompute_context
         self.early_stop = early_stop
         self.check = determinism_check == "default"
@@ -129,7 +134,11 @@ class Frame:
         self.trace: OpTrace | None = None  # debug=True: the ops forward and recompute ran
         self.device_context = _compat.device_context()
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
-        self.inputs: list[object] = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
+        # Offload moves them where autograd would keep them itself: no saved-tensor hooks at all (no enclosing
+        # checkpoint's, in forward or recompute, nor the user's).
+        to_host = block if offload_inputs and _compat.top_saved_tensors_hooks() is None else None
+        self.inputs: list[object] = [_saved_input(a, k, to_host) if isinstance(a, Tensor) else a
+                                     for k, a in enumerate(args)]
         #: Their ids while the forward runs (they are alive then), so the version check leaves them to autograd.
         self.input_ids = frozenset(id(a) for a in args if isinstance(a, Tensor))
         #: Their strides: a user's hook may hand an input back with others (``save_on_cpu`` makes it contiguous),
@@ -183,6 +192,8 @@ class Frame:
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
+        if self.block is not None:
+            schedule.reached(self.block)  # offload: this block's tensors back, the next one's on their way
         store: Store = [None] * len(self.holders)
         early_stop, copy_at = self.versions.replaying_writes(self.early_stop)
         pack, count = self._recompute_hook(store, early_stop, copy_at)
@@ -310,6 +321,14 @@ def _replace_state(g: torch.Generator, state: Tensor) -> Tensor:
     now = g.get_state()
     g.set_state(state)
     return now
+
+
+def _saved_input(a: Tensor, k: int, to_host: schedule.Block | None) -> _compat.SavedTensor:
+    """Input ``k``, saved as autograd saves tensors; in host memory (``to_host``: its offload block) where it is an
+    activation (made by autograd, not a leaf the caller holds anyway) on the device: what full AC keeps."""
+    if to_host is not None and a.requires_grad and a.grad_fn is not None and saves.can_move(a, to_host):
+        return saves.saved_input(a, to_host, k)
+    return _compat.make_saved_tensor(a)
 
 
 def _meta(meta: Meta) -> dict[str, object]:

@@ -17,6 +17,7 @@ from sac2 import _compat, messages
 from sac2.core.decisions import SaveList
 from sac2.core.keys import PolicyOp, Region
 from sac2.core.notices import count_forward
+from sac2.offload import schedule
 from sac2.record.record import Record
 from sac2.record.region_call import RegionCall
 from sac2.record.regions import record_region, replay_region
@@ -61,7 +62,12 @@ class RegionForward(_Context):
     def __init__(self, policy: SaveList, record: Record) -> None:
         super().__init__(record)
         self.saves: frozenset[PolicyOp] = policy.ops
+        self.offloads: frozenset[PolicyOp] = policy.offload  # saved in host memory (``sac2.offload``)
         self.keep_inputs = policy.keep_inputs
+        #: Whether the checkpoint's inputs go to host memory (read by the frame: ``sac2.frame.entry``).
+        self.offload_inputs = policy.offload_inputs
+        if self.offloads or self.offload_inputs:
+            schedule.use()
         #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
         self.saved_tensors_hooks: _compat.HookPair | None = None
 
@@ -78,7 +84,8 @@ class RegionForward(_Context):
             self.record.end_forward(self.saved_tensors_hooks)
 
     def region(self, call: RegionCall) -> Any:
-        return record_region(self.record, call, call.key in self.saves, False, self.keep_inputs)
+        key = call.key
+        return record_region(self.record, call, key in self.saves, key in self.offloads, self.keep_inputs)
 
 
 class RegionReplay(_Context):
@@ -112,9 +119,12 @@ def region_only(policy: object) -> SaveList | None:
     """The policy as a save list if it can only ever save ``sac2.region`` calls, else None.
 
     That is a save list of ``sac2.Region``s while compiled code does not run as ``inductor_compiled_code``
-    (``wrap_inductor_compiled_regions`` off): then no op but a ``sac2.region`` call can match a ``Region``.
+    (``wrap_inductor_compiled_regions`` off): then no op but a ``sac2.region`` call can match a ``Region``. A save
+    list of nothing that puts the checkpoint's inputs in host memory is full AC with them there: no mode either.
     """
-    if type(policy) is SaveList and policy.ops and all(type(op) is Region for op in policy.ops):
+    if type(policy) is SaveList and (policy.ops or policy.offload_inputs) and all(
+        type(op) is Region for op in policy.ops
+    ):
         if not _compat.compiled_regions_wrapped():
             return policy
     return None

@@ -41,7 +41,7 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool, k
     forward = record.region_forward
     if forward is None:  # both forward contexts start it on entry
         raise InternalError(messages.internal_error(messages.NOT_IN_FORWARD))
-    out, rebuilt = region_saves.run_saved(call, before, forward, keep_inputs)
+    out, rebuilt = region_saves.run_saved(call, before, forward, keep_inputs, offload)
     entry = Saved(key)
     entry.rebuilt = rebuilt
     written = [] if call.pure else writes.writes_of(key, args, kwargs, out, before)  # a pure call writes nothing
