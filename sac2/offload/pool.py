@@ -35,7 +35,7 @@ class Pool:
         self.held = 0
         self.allocations = 0
         self._free: dict[int, list[Buffer]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a parcel collected while the pool works gives its buffer back
 
     def take(self, nbytes: int) -> Buffer | None:
         """A buffer of at least ``nbytes`` bytes, lent until ``give_back``; None at the cap."""

@@ -123,7 +123,7 @@ class Block:
 class _Thread(threading.local):
     def __init__(self) -> None:
         self.stack: list[Block | None] = []  # the forwards running in this thread, innermost last
-        self.pending: list[Block] = []  # ended, not yet sent
+        self.pending: list[weakref.ref[Block]] = []  # ended, not yet sent (a block whose graph is gone: never)
         self.done: collections.deque[weakref.ref[Block]] = collections.deque(maxlen=_REMEMBERED)
 
 
@@ -182,8 +182,10 @@ def begin(args: tuple[Any, ...]) -> Block | None:
     backward = _compat.graph_task() is not None
     if local.pending and not backward:
         with LOCK:
-            for b in local.pending:
-                b.send()
+            for ref in local.pending:
+                b = ref()
+                if b is not None:
+                    b.send()
         local.pending.clear()
     block = Block(links.current(), _compat.sequence_nr())
     if not backward:
@@ -207,13 +209,13 @@ def end() -> None:
         block.ready = block.link.record(block.link.compute_stream(block.parcels[0].device))
         if not backward:
             block.pending = True
-            local.pending.append(block)
+            local.pending.append(weakref.ref(block))
 
 
 def forget(link: links.Link) -> None:
     """``link`` is no longer used (a stand-in's block ended): this thread sends none of its blocks later."""
     local = _thread
-    local.pending = [b for b in local.pending if b.link is not link]
+    local.pending = [ref for ref in local.pending if (b := ref()) is not None and b.link is not link]
 
 
 def abandon() -> None:
