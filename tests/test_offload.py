@@ -315,3 +315,36 @@ def test_a_partial_context_fn_of_an_offloading_policy_pickles():
     policy = SaveList([aten.mm.default], offload=[aten.addmm.default], offload_inputs=True)
     back = pickle.loads(pickle.dumps(functools.partial(sac2.create_selective_checkpoint_contexts, policy)))
     assert repr(back.args[0]) == repr(policy)
+
+
+def test_under_torch_compile_offload_says_it_keeps_what_it_names_on_the_device():
+    policy = SaveList([aten.mm.default], offload=[aten.mm.default], offload_inputs=True)
+
+    def step(x, w):
+        return sac2.checkpoint(lambda a, b: (a @ b).sin(), x * 1.0, w, context_fn=contexts(policy)).sum()
+
+    x, w = randn(4, 4), randn(4, 4, seed=1)
+    with pytest.warns(UserWarning, match="under torch.compile what a policy offloads stays in device memory"):
+        torch.compile(step, backend="aot_eager")(x, w).backward()
+
+
+def test_on_torchs_frame_offload_keeps_what_it_names_on_the_device_and_says_so(monkeypatch):
+    from sac2.core import notices
+
+    monkeypatch.setattr(notices, "_warned", set())
+    policy = SaveList([aten.mm.default], offload=[aten.mm.default], offload_inputs=True)
+
+    def block(a, b):
+        return (a @ b).sin()
+
+    x, w = randn(4, 4), randn(4, 4, seed=1)
+    with stand_in() as link, pytest.warns(UserWarning, match="runs on torch's frame") as caught:
+        h = x * 1.0
+        for _ in range(3):
+            h = torch.utils.checkpoint.checkpoint(block, h, w, use_reentrant=False, context_fn=contexts(policy))
+        (got,) = torch.autograd.grad(h.sum(), w)
+    assert link.log == [] and len([w for w in caught if "torch's frame" in str(w.message)]) == 1
+    h = x * 1.0
+    for _ in range(3):
+        h = block(h, w)
+    assert torch.equal(got, torch.autograd.grad(h.sum(), w)[0])

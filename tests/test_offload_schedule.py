@@ -238,3 +238,17 @@ def test_every_copy_back_and_host_buffer_is_let_go_once_backward_has_read_it_ste
             assert link.copies_back_alive() == 0
             assert pool.free_bytes() == pool.held  # every buffer back in the pool
     assert held == [held[0]] * 4 and held[0] == 4 * 4 * D * 4
+
+
+def test_a_forward_dropped_before_backward_sends_nothing_later_and_gives_its_buffers_back():
+    ws = _weights(3)
+    with stand_in() as link:
+        _, loss = _forward(link, ws, prefix="dropped")
+        del loss  # an evaluation with grad on, a retried step: no backward ever reads it
+        start = len(link.log)
+        _, loss = _forward(link, ws, prefix="next")
+        sent = [label for kind, label in _moves(link, start) if kind == "to_host"]
+        pool = schedule.pool(link)
+        assert not any(label.startswith("dropped") for label in sent)  # its last block was never sent
+        assert pool.held == 4 * 4 * D * 4  # the next forward reused the dropped one's buffers
+        loss.backward()

@@ -6,7 +6,7 @@ from __future__ import annotations
 __all__ = [
     "apply_ac_offload_with_none", "APPLY_AC_OFFLOAD_EMPTY", "apply_ac_offload_is_one_name",
     "apply_ac_bad_offload_target", "OFFLOAD_WITHOUT_ACCELERATOR", "offload_host_memory_full", "bad_offload_limit",
-    "OFFLOAD_NEEDS_SAC2_FRAME", "PARCEL_RELEASED",
+    "OFFLOAD_NEEDS_SAC2_FRAME", "OFFLOAD_UNDER_COMPILE", "PARCEL_RELEASED",
 ]
 
 
@@ -50,7 +50,12 @@ def bad_offload_limit(name: str, value: object) -> str:
 
 
 OFFLOAD_NEEDS_SAC2_FRAME = (
-    "sac2 offload: a CPU_OFFLOAD answer outside sac2's checkpoint frame (under sac2.use_torch_frame()) is saved in "
-    "device memory: offload's schedule runs with sac2's frame."
+    "sac2 offload: this checkpoint runs on torch's frame (torch's checkpoint without sac2.install(), or "
+    "sac2.use_torch_frame()), so what its policy offloads stays in device memory: offload's schedule runs on "
+    "sac2's frame. Checkpoint with sac2.checkpoint, its wrappers or apply_ac, or call sac2.install()."
+)
+OFFLOAD_UNDER_COMPILE = (
+    "sac2 offload: under torch.compile what a policy offloads stays in device memory (torch's partitioner saves "
+    "CPU_OFFLOAD outputs; checkpoint inputs stay where they are): sac2's offload schedule runs in eager."
 )
 PARCEL_RELEASED = "an offloaded tensor was read after its last reader let it go"

@@ -119,6 +119,11 @@ class CachingMode(SacMode):
     def __enter__(self) -> Self:
         count_forward()
         self._tracer = Tracer(self) if _compat.tracing_for_compile() else None
+        if self._offload_ops or self.offload_inputs:
+            if self._tracer is not None:
+                warn_once("offload-compiled", "torch.compile", messages.OFFLOAD_UNDER_COMPILE)
+            elif not schedule.in_frame():
+                warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)
         self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 

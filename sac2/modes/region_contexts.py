@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sac2 import _compat, messages
 from sac2.core.decisions import SaveList
 from sac2.core.keys import PolicyOp, Region
-from sac2.core.notices import count_forward
+from sac2.core.notices import count_forward, warn_once
 from sac2.offload import schedule
 from sac2.record.record import Record
 from sac2.record.region_call import RegionCall
@@ -73,6 +73,8 @@ class RegionForward(_Context):
 
     def __enter__(self) -> Self:
         count_forward()
+        if (self.offloads or self.offload_inputs) and not schedule.in_frame():
+            warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)
         self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 

@@ -38,7 +38,8 @@ class Parcel:
 
     def __init__(self, link: Link, pool: Pool, device: torch.device, tensor: Tensor, rank: int) -> None:
         self.link, self.pool, self.device, self.rank = link, pool, device, rank
-        self.tensor: Tensor | None = tensor  # on the device until sent (or for good: held)
+        # On the device until sent (or for good: held); detached, so that no autograd graph hangs on the schedule.
+        self.tensor: Tensor | None = tensor.detach() if tensor.requires_grad else tensor
         self.layout = layout(tensor)
         self.nbytes = tensor.numel() * tensor.element_size()
         self.users, self.takes, self.finals = 1, 0, 0

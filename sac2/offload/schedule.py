@@ -33,7 +33,8 @@ from sac2.offload.parcel import LOCK, Parcel
 from sac2.offload.pool import Pool
 
 __all__ = [
-    "Block", "Limits", "use", "begin", "end", "abandon", "forget", "current", "reached", "set_limits", "limits", "pool",
+    "Block", "Limits", "use", "begin", "end", "abandon", "forget", "in_frame", "current", "reached", "set_limits",
+    "limits", "pool",
 ]
 
 Tensor = torch.Tensor
@@ -62,7 +63,7 @@ class Block:
         self.keys: dict[tuple[Any, ...], Parcel] = {}  # while the forward runs: one parcel per tensor
         self.start, self.end = start, start
         self.preds: list[weakref.ref[Block]] = []
-        self.ready: object = None  # the compute stream's event at the end of the forward
+        self.ready: dict[torch.device, object] = {}  # per device, the compute stream's event at the forward's end
         self.pending = False  # ended, not yet sent: the last block so far
 
     def add(self, t: Tensor, rank: int) -> Parcel | None:
@@ -90,20 +91,21 @@ class Block:
         return None
 
     def send(self) -> None:
-        """Queue every parcel's copy to the host, after the forward's own kernels."""
+        """Queue every parcel's copy to the host on its device's side stream, after the forward's own kernels."""
         if not self.pending:
             return
         self.pending = False
-        device = self.parcels[0].device
-        stream = self.link.side_streams(device)[0]
-        self.link.wait(stream, self.ready)
-        sent = [p for p in self.parcels if p.send(stream)]
-        if len(sent) < len(self.parcels):
-            cap = pool(self.link).cap
-            warn_once("offload-host-memory", "pool", messages.offload_host_memory_full(cap or 0))
-        event = self.link.record(stream)
-        for p in sent:
-            p.sent = event
+        for device, ready in self.ready.items():
+            stream = self.link.side_streams(device)[0]
+            self.link.wait(stream, ready)
+            parcels = [p for p in self.parcels if p.device == device]
+            sent = [p for p in parcels if p.send(stream)]
+            if len(sent) < len(parcels):
+                cap = pool(self.link).cap
+                warn_once("offload-host-memory", "pool", messages.offload_host_memory_full(cap or 0))
+            event = self.link.record(stream)
+            for p in sent:
+                p.sent = event
 
     def fetch(self, allowance: int | None, ahead: int) -> int | None:
         """Queue the copies back of parcels on the host, in the order backward reads them, while ``ahead`` (the bytes
@@ -206,7 +208,8 @@ def end() -> None:
         local.done.append(weakref.ref(block))
     if block.parcels:
         block.parcels.sort(key=_rank)
-        block.ready = block.link.record(block.link.compute_stream(block.parcels[0].device))
+        for device in {p.device for p in block.parcels}:
+            block.ready[device] = block.link.record(block.link.compute_stream(device))
         if not backward:
             block.pending = True
             local.pending.append(weakref.ref(block))
@@ -221,6 +224,11 @@ def forget(link: links.Link) -> None:
 def abandon() -> None:
     """The innermost checkpointed forward of this thread raised: its block is dropped, its tensors stay put."""
     _thread.stack.pop()
+
+
+def in_frame() -> bool:
+    """Whether a checkpointed forward on sac2's frame runs in this thread (torch's frame makes no block)."""
+    return bool(_thread.stack)
 
 
 def current() -> Block | None:

@@ -211,7 +211,7 @@ class Saved:
         block = schedule.current()
         if block is None or not any(block.link.device_of(t) is not None for t in self.tensors):
             if block is None and any(offload_link.current().device_of(t) is not None for t in self.tensors):
-                warn_once("offload-frame", self.key, messages.OFFLOAD_NEEDS_SAC2_FRAME)  # torch's frame: no schedule
+                warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)  # no schedule there
             self.state = _HELD  # nothing on a device (or no schedule): a plain save
             return
         moved = []

@@ -311,7 +311,9 @@ def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None
         return None
     policy = with_offload(cell, p, make_policy(kind, p))
     installation = None
-    if route in ("install_import", "install_attr", "torch_wrapper") or (route == "hf" and policy is None):
+    # transformers calls torch's checkpoint: offload's schedule runs on sac2's frame, which install() puts under it
+    hf_frame = route == "hf" and (policy is None or cell.offload != "none")
+    if route in ("install_import", "install_attr", "torch_wrapper") or hf_frame:
         installation = sac2.install()
     # Each context_fn is made once, here, as users make it: dynamo takes a partial made inside compiled code, but
     # not a function defined there ("checkpoint not implemented for NestedUserFunctionVariable").

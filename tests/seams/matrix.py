@@ -43,7 +43,8 @@ ROUTES = (
     "apply_activation_checkpointing",  # sac2.apply_activation_checkpointing
     "torch_wrapper",  # torch's checkpoint_wrapper (block 0) and CheckpointWrapper (block 1), under sac2.install()
     "apply_ac",  # sac2.apply_ac(model, mode=...)
-    "hf",  # transformers: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)
+    "hf",  # transformers: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...); install() for
+    # full AC and for offload (whose schedule runs on sac2's frame)
     "torchtitan",  # sac2.integrations.torchtitan.apply_ac(FullAC / SelectiveAC config, model)
 )
 EXECUTIONS = ("eager", "aot_eager", "inductor", "fullgraph", "dynamic")
