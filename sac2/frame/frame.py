@@ -9,7 +9,7 @@ tensor over and forgets it. Recompute stops once the last tensor the forward sav
 shapes, dtypes and devices are compared with the forward's (the determinism check).
 
 The rules sac2's frame keeps (each proven by the test named; torch's NOTE [Nestable Checkpoint] states the same for
-its frame): ``Frame`` keeps 1 to 6, ``sac2.frame.entry``, which enters and leaves the forward, keeps 7 and 8.
+its frame): ``Frame`` keeps 1 to 6 and 9, ``sac2.frame.entry``, which enters and leaves the forward, keeps 7 and 8.
 
 1. A tensor autograd saves in the checkpointed forward is kept as its position only; the first unpack of each
    backward (graph task or ``GraphExecGroup``) recomputes them all (``test_frame``: bytes kept, retain_graph twice).
@@ -33,6 +33,10 @@ its frame): ``Frame`` keeps 1 to 6, ``sac2.frame.entry``, which enters and leave
    ``respect_saved_tensors_hooks`` is True, bypasses them when False, and bypasses them with torch's FutureWarning
    when None (``test_saved_tensors_hooks``).
 8. Exceptions in forward leave no hook, mode or flag behind (``test_frame``: exceptions leave nothing behind).
+9. Offload (``sac2.offload``): a call is one block of its schedule, reached when its recompute starts; where the
+   policy's contexts ask (``offload_inputs``) and no saved-tensor hooks are in effect, its activation inputs are
+   saved through offload's hooks, autograd's in-place check of them made at unpack (``test_offload``: inputs
+   written in place, nested checkpoints; ``test_offload_schedule``: the order of copies and waits).
 
 The cost is a few list operations per saved tensor and hook, where torch's frame builds per-tensor dictionaries
 and handles and calls through ``torch._dynamo.disable`` wrappers. Code traced by torch.compile, export or FX runs
