@@ -140,9 +140,11 @@ class Frame:
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
         # Offload moves them where autograd would keep them itself: no saved-tensor hooks at all (no enclosing
         # checkpoint's, in forward or recompute, nor the user's).
-        to_host = block if offload_inputs and _compat.top_saved_tensors_hooks() is None else None
-        self.inputs: list[object] = [_saved_input(a, k, to_host) if isinstance(a, Tensor) else a
-                                     for k, a in enumerate(args)]
+        if offload_inputs and block is not None and _compat.top_saved_tensors_hooks() is None:
+            self.inputs: list[object] = [_saved_input(a, k, block) if isinstance(a, Tensor) else a
+                                         for k, a in enumerate(args)]
+        else:
+            self.inputs = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
         #: Their ids while the forward runs (they are alive then), so the version check leaves them to autograd.
         self.input_ids = frozenset(id(a) for a in args if isinstance(a, Tensor))
         #: Their strides: a user's hook may hand an input back with others (``save_on_cpu`` makes it contiguous),
@@ -327,11 +329,11 @@ def _replace_state(g: torch.Generator, state: Tensor) -> Tensor:
     return now
 
 
-def _saved_input(a: Tensor, k: int, to_host: schedule.Block | None) -> _compat.SavedTensor:
-    """Input ``k``, saved as autograd saves tensors; in host memory (``to_host``: its offload block) where it is an
-    activation (made by autograd, not a leaf the caller holds anyway) on the device: what full AC keeps."""
-    if to_host is not None and a.requires_grad and a.grad_fn is not None and saves.can_move(a, to_host):
-        return saves.saved_input(a, to_host, k)
+def _saved_input(a: Tensor, k: int, block: schedule.Block) -> _compat.SavedTensor:
+    """Input ``k``, saved as autograd saves tensors; in host memory (``block``: the call's offload block) where it is
+    an activation (made by autograd, not a leaf the caller holds anyway) on the device: what full AC keeps."""
+    if a.requires_grad and a.grad_fn is not None and saves.can_move(a, block):
+        return saves.saved_input(a, block, k)
     return _compat.make_saved_tensor(a)
 
 
