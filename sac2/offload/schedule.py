@@ -160,6 +160,7 @@ def pool(link: links.Link) -> Pool:
 
 
 def limits() -> Limits:
+    """Offload's limits now (``set_limits``)."""
     return _limits[0]
 
 

@@ -49,10 +49,7 @@ class _Stream:
 class _Event:
     def __init__(self, stream: _Stream) -> None:
         self.stream, self.at = stream, len(stream.queue)
-        self.label = next((label for label in reversed(stream.labels) if label), "")
-
-    def done(self) -> bool:
-        return self.stream.ran >= self.at
+        self.label = next((label for label in reversed(stream.labels) if label), "")  # the copy it follows
 
 
 class StandIn(links.Link):
