@@ -16,6 +16,7 @@ from sac2 import messages, policies
 from sac2.api import moved
 from sac2.api.apply import apply_ac
 from sac2.api.checkpointing import checkpoint, create_selective_checkpoint_contexts
+from sac2.api.offload_targets import offload_limits
 from sac2.api.wrappers import (
     ActivationWrapper,
     CheckpointImpl,
@@ -51,6 +52,7 @@ __all__ = [
     "region",
     "policies",
     "apply_ac",
+    "offload_limits",
     "advise",
     "Advice",
     "ActivationWrapper",

@@ -114,6 +114,15 @@ class TestShortRun(TestCase):
         self.assertIn("per-op cost vs region length", self.result[1])
 
 
+def test_a_bfloat16_run_keeps_about_half_the_bytes_and_matches_no_checkpointing_bitwise(short_run):
+    """``--dtype bfloat16`` (the GPU check's compute-bound row): the model and its activations in bf16 (the loss in
+    float32, and index tensors, keep a few bytes more than half)."""
+    results, _ = bench.run("tiny", steps=1, dtype=torch.bfloat16)
+    fp32 = {m["name"]: m["kept_bytes"] for m in short_run[2]["modes"]}
+    assert [r.name for r in results if not r.equal] == []
+    assert all(0.4 < r.kept_bytes / fp32[r.name] < 0.75 for r in results if r.name in ("none", "sac2 SAC"))
+
+
 class TestRows(TestCase):
     def _rows(self) -> list[bench.Row]:
         return bench.rows(Transformer(CONFIGS["tiny"]), torch.randn(2, 32, 64))

@@ -183,4 +183,18 @@ class TestArgumentsThatAreRight(CommandLineTestCase):
         with contextlib.redirect_stdout(io.StringIO()):
             code = main([*BENCH, "--device", "cuda:1", "--compile", "--backend", "aot_eager", "--curve-repeat", "2"])
         self.assertEqual(code, 0)
-        self.assertEqual(calls, [(("tiny", 1, "cuda:1"), {"compile": True, "backend": "aot_eager"})])
+        self.assertEqual(calls, [(("tiny", 1, "cuda:1"), {"compile": True, "backend": "aot_eager",
+                                                         "dtype": torch.float32})])
+
+    def test_dtype_reaches_the_job_as_a_torch_dtype(self):
+        calls = []
+
+        def run(*args: Any, **kwargs: Any) -> tuple[list[Result], list[Any]]:
+            calls.append(kwargs["dtype"])
+            return [Result("none", "-", [1.0])], []
+
+        self.mp.setattr(cli, "run", run)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            self.assertEqual(main([*BENCH, "--dtype", "bfloat16"]), 0)
+        self.assertEqual(calls, [torch.bfloat16])
+        self.assertIn("config tiny, bfloat16, cpu", out.getvalue().splitlines()[0])

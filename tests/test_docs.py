@@ -8,7 +8,7 @@ import pytest
 
 from helpers import python_blocks
 
-DOCS = ["README.md", "docs/concepts.md", "docs/compiled.md", "docs/hops.md", "docs/budgets.md"]
+DOCS = ["README.md", "docs/concepts.md", "docs/compiled.md", "docs/hops.md", "docs/budgets.md", "docs/offload.md"]
 
 
 @pytest.mark.parametrize("doc", DOCS)

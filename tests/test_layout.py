@@ -276,7 +276,7 @@ def test_every_module_is_under_the_line_limit() -> None:
 #: modes -> record -> frame -> core -> _compat -> messages; the tools (measure, bench, advisor) above the library,
 #: which never imports them. The package's ``__init__`` and ``__main__`` sit on top.
 LAYERS = (
-    "messages", "_compat", "core", "frame", "record", "modes", "regions", "policies", "api", "integrations",
+    "messages", "_compat", "core", "offload", "frame", "record", "modes", "regions", "policies", "api", "integrations",
     "measure", "bench", "advisor",
 )
 

@@ -21,7 +21,8 @@ __all__ = [
     "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
     "pop_checkpoint_hooks", "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed",
     "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "view_base", "parameter_of",
-    "push_saved_tensors_hooks", "pop_saved_tensors_hooks", "HookPair", "SavedTensor",
+    "push_saved_tensors_hooks", "pop_saved_tensors_hooks", "HookPair", "SavedTensor", "sequence_nr",
+    "node_sequence_nr",
 ]
 
 #: A (pack, unpack) pair of saved-tensor hooks: pack turns a tensor into anything, unpack turns that back.
@@ -187,6 +188,20 @@ def pop_saved_tensors_hooks() -> None:
 def pop_checkpoint_hooks(pack: Callable[[torch.Tensor], Any]) -> None:
     _pop_hooks()
     del pack._user_hooks  # type: ignore[attr-defined]  # the graph keeps the hooks, but not the user's through them
+
+
+#: ``sequence_nr()``: the sequence number the next autograd node this thread makes will get (each node a thread
+#: makes gets the next one). Two readings bracket the nodes made between them, so a checkpoint's forward knows which
+#: nodes are its own. Removable: autograd exposes the thread's sequence number publicly.
+sequence_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
+
+
+def node_sequence_nr(node: Any) -> int:
+    """The sequence number of an autograd node (a tensor's ``grad_fn``): its place among the nodes its thread made.
+
+    Removable: ``Node._sequence_nr`` becomes public.
+    """
+    return int(node._sequence_nr())
 
 
 def current_node_name() -> str | None:

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterable, Union
 from torch import nn
 
 from sac2 import messages
+from sac2.api import offload_targets
 from sac2.api.checkpointing import create_selective_checkpoint_contexts
 from sac2.api.wrappers import checkpoint_wrapper
 from sac2.core.decisions import Policy, SaveList
@@ -30,6 +31,7 @@ def apply_ac(
     blocks: Blocks = None,
     every: int = 1,
     keep_inputs: bool = False,
+    offload: Iterable[object] | None = None,
     **checkpoint_kwargs: Any,
 ) -> list[str]:
     """Wrap blocks of ``model`` in place with ``sac2.checkpoint_wrapper``; return the names of the wrapped blocks.
@@ -63,6 +65,12 @@ def apply_ac(
             as GPU atomics); it costs their memory. The default False rebuilds them in recompute (but for a
             region whose name keeps them: ``sac2.region(keep_inputs=True)``). It holds for this model's blocks
             only: another model's regions of the same names keep their own setting.
+        offload: what to keep in pinned host memory between forward and backward instead of device memory, with
+            the copies hidden behind compute (``sac2.offload``): ``"inputs"`` (each block's checkpoint inputs, what
+            full AC keeps), region targets as ``save`` takes them (``"attention"``, ``"linear"``, module classes,
+            name globs: made regions and saved whole), op overloads (their outputs). What it names is saved; the
+            rest follows ``mode``. Default (None): nothing. On a machine without CUDA it changes nothing and warns
+            once. Pinned memory and prefetch limits: ``sac2.offload_limits``.
         **checkpoint_kwargs: passed to ``sac2.checkpoint`` for each block (``preserve_rng_state``,
             ``determinism_check``, ...; a ``context_fn`` here replaces the one ``policy`` makes).
 
@@ -75,9 +83,11 @@ def apply_ac(
             ``model``, a predicate that accepts no module, or a name of no submodule; no ``blocks`` given and
             ``model`` has no such container, or several of the same size; ``mode="regions"`` with a ``save``
             that is empty or matches nothing (a class or a glob; no attention call for ``"attention"``), or
-            that would make regions sac2 refuses (nested, already checkpointed, holding checkpoints, containers).
+            that would make regions sac2 refuses (nested, already checkpointed, holding checkpoints, containers);
+            ``offload`` with ``mode="none"``, empty, holding an ``OpOverloadPacket``, or naming regions that match
+            nothing.
         TypeError: ``blocks`` is one string rather than a list of names; a ``save`` entry is neither a string
-            nor a module class.
+            nor a module class; ``offload`` is one string, or holds something that is none of its targets.
     """
     if mode not in _MODES:
         raise ValueError(messages.apply_ac_bad_mode(mode, _MODES))
@@ -87,15 +97,19 @@ def apply_ac(
         raise ValueError(messages.apply_ac_save_needs_regions(mode))
     if type(every) is not int or every < 1:
         raise ValueError(messages.apply_ac_bad_every(every))
+    moved = offload_targets.parse(offload, mode)
     if mode == "none":
         return []
     found = _find_blocks(model, blocks)
+    pairs = [(fqn, getattr(parent, attr)) for parent, attr, fqn in found]
     if mode == "regions":
         chosen = DEFAULT_SAVE if save is None else save
         # A SaveList, not a list: torch.compile reads a policy object in a context_fn, not a list of Regions.
-        made = make_regions(model, [(fqn, getattr(parent, attr)) for parent, attr, fqn in found], chosen)
+        made = make_regions(model, pairs, [*chosen, *moved.regions] if moved is not None else chosen)
         policy = SaveList(made, keep_inputs=keep_inputs)  # this model's setting: its own policy's, not its names'
-    if mode in ("selective", "regions"):
+    if moved is not None:
+        policy = offload_targets.with_offload(model, pairs, mode, policy, moved)
+    if mode in ("selective", "regions") or moved is not None:
         context_fn = functools.partial(create_selective_checkpoint_contexts, llm() if policy is None else policy)
         checkpoint_kwargs = {"context_fn": context_fn, **checkpoint_kwargs}
     _warn_if_hf_checkpointed(found)

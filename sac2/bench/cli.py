@@ -23,7 +23,10 @@ from sac2.measure.arguments import device_arg, output_file, positive_int
 from sac2.measure.pareto import pareto_front
 from sac2.measure.step import ATOL, RTOL
 
-__all__ = ["main"]
+__all__ = ["main", "DTYPES"]
+
+#: ``--dtype``'s choices.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _lengths(text: str) -> list[int]:
@@ -48,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", choices=sorted(CONFIGS), default="small", help="model and batch shape")
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per mode (after one memory step)")
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                        help="the model's parameters and activations (bfloat16: as people train on GPUs)")
     parser.add_argument("--compile", action="store_true", help="run every row under torch.compile")
     parser.add_argument("--backend", type=_backend,
                         help=f"torch.compile backend, with --compile (default {COMPILE_BACKEND})")
@@ -68,9 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib: pip install 'sac2[plot]'")
     backend = args.backend or COMPILE_BACKEND
-    results, notes = run(args.config, args.steps, args.device, compile=args.compile, backend=backend)
+    results, notes = run(args.config, args.steps, args.device, compile=args.compile, backend=backend,
+                         dtype=DTYPES[args.dtype])
     mode = f"torch.compile (backend {backend})" if args.compile else "eager"
-    title = f"sac2 bench: config {args.config}, {args.device}, {mode}, {args.steps} steps"
+    title = f"sac2 bench: config {args.config}, {args.dtype}, {args.device}, {mode}, {args.steps} steps"
     print(title)
     print(format_table(results))
     front = [results[i].name for i in pareto_front([(r.median_s, r.kept_bytes) for r in results])]
@@ -88,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         base = results[0].median_s
         rows_ = [{**asdict(r), "median_s": r.median_s, "ratio_to_none": r.median_s / base} for r in results]
-        payload = {"config": {"name": args.config, **asdict(CONFIGS[args.config])}, "device": args.device,
+        payload = {"config": {"name": args.config, **asdict(CONFIGS[args.config])}, "dtype": args.dtype,
+                   "device": args.device,
                    "steps": args.steps, "torch": torch.__version__, "compile": args.compile,
                    "backend": backend if args.compile else None, "check": check, "modes": rows_,
                    "pareto_front": front, "curve": curve_data, "notes": notes}

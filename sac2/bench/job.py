@@ -5,11 +5,13 @@ turns step by step in one process (in a rotating order), so drift in machine spe
 of each mode measures memory (``sac2.measure.memory``) and is not timed (under ``compile`` an untimed compile step
 comes first). After every step, each mode's loss and gradients are compared to the no-checkpointing run's: bit for
 bit (``torch.equal``) in eager, ``torch.allclose`` under compile, where inductor may fuse a recomputed graph
-differently.
+differently. On CUDA in eager, step 0 runs under deterministic algorithms and is the one compared (attention's
+backward otherwise differs from run to run); the timed steps run as people train, without them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from typing import Callable
@@ -83,8 +85,10 @@ def _notes(dev: torch.device) -> list[str]:
     ]
     if dev.type == "cuda":
         notes.append(
-            "cuda: every row ran under torch.use_deterministic_algorithms(True) (sac2.measure.determinism), "
-            "without which attention's backward differs from run to run and no row could be bitwise equal"
+            "cuda: step 0 (memory, the gradient check) ran under torch.use_deterministic_algorithms(True) "
+            "(sac2.measure.determinism), without which attention's backward differs from run to run and no row "
+            "could be bitwise equal; the timed steps ran without it, as people train (under --compile: with it, "
+            "so that no step compiles again)"
         )
     if not remat_available():
         notes.append("torch_remat is not installed (pip install torch-remat; it needs torch 2.15): no torch_remat row")
@@ -93,16 +97,16 @@ def _notes(dev: torch.device) -> list[str]:
 
 def run(
     config: str = "small", steps: int = 5, device: str = "cpu", seed: int = 0, compile: bool = False,
-    backend: str = COMPILE_BACKEND,
+    backend: str = COMPILE_BACKEND, dtype: torch.dtype = torch.float32,
 ) -> tuple[list[Result], list[str]]:
     """Train ``config`` for 1 + ``steps`` steps under every mode (each under ``torch.compile(backend=backend)`` if
-    ``compile``); return the rows and notes on the run."""
+    ``compile``), its parameters and activations in ``dtype``; return the rows and notes on the run."""
     cfg = CONFIGS[config]
     dev = torch.device(device)
     torch.manual_seed(seed)
-    base = Transformer(cfg).to(dev)
+    base = Transformer(cfg).to(dev, dtype)
     gen = torch.Generator().manual_seed(seed)
-    example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, requires_grad=True)
+    example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, dtype=dtype, requires_grad=True)
     notes = _notes(dev)
     modes = rows(base, example)
     prepared = [_prepared(base, row) for row in modes]
@@ -112,7 +116,8 @@ def run(
     optims = [torch.optim.SGD(m.parameters(), lr=1e-3) for m in models]
     check = "allclose" if compile else "bitwise"
     results = [Result(row.name, row.policy, check=check) for row in modes]
-    with deterministic_kernels(dev):  # on CUDA, so that the bitwise check can hold at all
+    # On CUDA, so that the bitwise check can hold at all: every step under compile, else step 0 only (``_timed``).
+    with deterministic_kernels(dev) if compile else contextlib.nullcontext():
         if compile:  # compile every mode once, outside the measured and timed steps; its gradients are dropped
             tokens, targets = random_tokens(cfg, torch.Generator().manual_seed(seed + 1), dev)
             for forward, model, before in zip(forwards, models, befores, strict=True):
@@ -123,13 +128,15 @@ def run(
         for step in range(steps + 1):
             tokens, targets = random_tokens(cfg, gen, dev)
             losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)
-            for i in turns(step, len(modes)):
-                forward = functools.partial(forwards[i], tokens, targets)
-                optims[i].zero_grad(set_to_none=True)
-                befores[i]()
-                losses[i] = take_step(forward, results[i], dev, step == 0, optims[i].step)
-                progress.step()
-            for i in range(1, len(modes)):
+            checked = compile or step == 0 or dev.type != "cuda"
+            with deterministic_kernels(dev) if checked and not compile else contextlib.nullcontext():
+                for i in turns(step, len(modes)):
+                    forward = functools.partial(forwards[i], tokens, targets)
+                    optims[i].zero_grad(set_to_none=True)
+                    befores[i]()
+                    losses[i] = take_step(forward, results[i], dev, step == 0, optims[i].step)
+                    progress.step()
+            for i in range(1, len(modes) if checked else 1):
                 results[i].equal &= grads_equal(models[i], losses[i], models[0], losses[0], bitwise=not compile)
             if step == 0:
                 for opt in optims:

@@ -51,6 +51,8 @@ CONFIGS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(dim=64, n_layers=2, n_heads=4, seq_len=32, batch=2, vocab=256, ffn_dim=176),
     "small": ModelConfig(dim=512, n_layers=4, n_heads=8, seq_len=256, batch=2, vocab=2048, ffn_dim=1376),
     "medium": ModelConfig(dim=1024, n_layers=8, n_heads=16, seq_len=512, batch=2, vocab=8192, ffn_dim=2752),
+    # Compute-bound on a GPU (with --dtype bfloat16): a block's kernels outlast the modes' Python per op.
+    "large": ModelConfig(dim=2048, n_layers=4, n_heads=16, seq_len=2048, batch=1, vocab=8192, ffn_dim=5632),
 }
 
 
@@ -143,7 +145,7 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = run_block(block, x)
         logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())  # in float32 for bf16 models too
 
 
 def random_tokens(

@@ -27,6 +27,7 @@ __all__ = [
     "from_bool",
     "SAVING",
     "SaveList",
+    "Offloading",
     "as_policy",
     "decide",
     "is_save",
@@ -106,43 +107,87 @@ def is_save(policy: CheckpointPolicy) -> bool:
     return policy in SAVING
 
 
+def _checked(ops: Iterable[object]) -> frozenset[PolicyOp]:
+    """``ops`` as a save list holds them: op overloads, higher-order ops and ``Region``s, else ValueError."""
+    checked: list[PolicyOp] = []
+    for op in ops:
+        if isinstance(op, _compat.OpOverloadPacket):
+            raise ValueError(messages.op_list_packet(op))
+        if not isinstance(op, (_compat.OpOverload, _compat.HigherOrderOperator, Region)):
+            raise ValueError(messages.op_list_bad_item(op))
+        checked.append(op)
+    return frozenset(checked)
+
+
+def _matches(op: PolicyOp, args: tuple[Any, ...], ops: frozenset[PolicyOp]) -> bool:
+    """As the modes' own lookup: a compiled callable given a name matches a Region of that name too."""
+    return op in ops or (op in KEYED_OPS and region_of(op, args) in ops)
+
+
 class SaveList:
     """The policy a list of ops stands for: MUST_SAVE for those ops, PREFER_RECOMPUTE for all others.
 
     The modes read ``ops`` directly (a set lookup per op), so a list policy costs no Python call per op.
     ``keep_inputs``: its saved regions keep for real what their bodies save of their own inputs (else rebuilt in
     recompute, unless the region's name keeps them: ``sac2.record.region_saves.keep_inputs``). A property of the policy,
-    so of the model ``apply_ac`` made it for, not of region names other models share.
+    so of the model ``apply_ac`` made it for, not of region names other models share. ``offload``: those of ``ops``
+    kept in host memory (MUST_CPU_OFFLOAD, ``sac2.offload``); ``offload_inputs``: each checkpoint's inputs too.
     """
 
-    __slots__ = ("ops", "keep_inputs")
+    __slots__ = ("ops", "keep_inputs", "offload", "offload_inputs")
 
-    def __init__(self, ops: Iterable[object], keep_inputs: bool = False) -> None:
+    def __init__(self, ops: Iterable[object], keep_inputs: bool = False, offload: Iterable[object] = (),
+                 offload_inputs: bool = False) -> None:
         self.keep_inputs = keep_inputs
-        checked: list[PolicyOp] = []
-        for op in ops:
-            if isinstance(op, _compat.OpOverloadPacket):
-                raise ValueError(messages.op_list_packet(op))
-            if not isinstance(op, (_compat.OpOverload, _compat.HigherOrderOperator, Region)):
-                raise ValueError(messages.op_list_bad_item(op))
-            checked.append(op)
-        self.ops = frozenset(checked)
+        self.offload = _checked(offload)
+        self.ops = _checked(ops) | self.offload
+        self.offload_inputs = offload_inputs
 
     def __call__(
         self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any  # noqa: ARG002 (policy's)
     ) -> CheckpointPolicy:
-        # As the modes' own lookup: a compiled callable given a name matches a Region of that name too.
-        saved = op in self.ops or (op in KEYED_OPS and region_of(op, args) in self.ops)
-        return from_bool(saved)
+        if self.offload and _matches(op, args, self.offload):
+            return CheckpointPolicy.MUST_CPU_OFFLOAD
+        return from_bool(_matches(op, args, self.ops))
 
     def __repr__(self) -> str:
         keep = ", keep_inputs=True" if self.keep_inputs else ""
-        return f"SaveList({sorted(map(op_name, self.ops))}{keep})"
+        offload = f", offload={sorted(map(op_name, self.offload))}" if self.offload else ""
+        inputs = ", offload_inputs=True" if self.offload_inputs else ""
+        return f"SaveList({sorted(map(op_name, self.ops - self.offload))}{keep}{offload}{inputs})"
 
-    def __reduce__(self) -> tuple[type[SaveList], tuple[list[PolicyOp], bool]]:
+    def __reduce__(self) -> tuple[type[SaveList], tuple[list[PolicyOp], bool, list[PolicyOp], bool]]:
         # Ops pickle by their path under torch.ops (sac2._compat's reducer), also HOPs made after sac2's import.
         pickling.register_op_pickling(self.ops)
-        return SaveList, (list(self.ops), self.keep_inputs)
+        return SaveList, (list(self.ops - self.offload), self.keep_inputs, list(self.offload), self.offload_inputs)
+
+
+class Offloading:
+    """A policy with some of its answers moved to host memory: ``offload`` (ops and ``Region``s) answer
+    MUST_CPU_OFFLOAD, every other op what ``policy`` answers; ``offload_inputs``: each checkpoint's inputs go to
+    host memory too (``sac2.offload``). What ``apply_ac(offload=...)`` makes of a policy callable."""
+
+    __slots__ = ("policy", "offload", "offload_inputs")
+
+    def __init__(self, policy: PolicyFn, offload: Iterable[object] = (), offload_inputs: bool = False) -> None:
+        self.policy = policy
+        self.offload = _checked(offload)
+        self.offload_inputs = offload_inputs
+
+    def __call__(
+        self, ctx: SelectiveCheckpointContext, op: PolicyOp, *args: Any, **kwargs: Any
+    ) -> CheckpointPolicy | bool:
+        if self.offload and _matches(op, args, self.offload):
+            return CheckpointPolicy.MUST_CPU_OFFLOAD
+        return self.policy(ctx, op, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        inputs = ", offload_inputs=True" if self.offload_inputs else ""
+        return f"Offloading({self.policy!r}, {sorted(map(op_name, self.offload))}{inputs})"
+
+    def __reduce__(self) -> tuple[type[Offloading], tuple[PolicyFn, list[PolicyOp], bool]]:
+        pickling.register_op_pickling(self.offload)
+        return Offloading, (self.policy, list(self.offload), self.offload_inputs)
 
 
 def as_policy(policy_fn_or_list: Policy) -> PolicyFn:

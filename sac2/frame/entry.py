@@ -25,6 +25,7 @@ from sac2.frame.debug_trace import OpTrace
 from sac2.frame.frame import Frame, Holder
 from sac2.frame.switches import torch_frame_in_use
 from sac2.messages.internal import InternalError
+from sac2.offload import schedule
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -123,18 +124,31 @@ class _Forward:
         if forward_context is None:
             count_forward()  # full AC on sac2's frame; a selective forward counts when its context enters
         early_stop = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
-        frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
-                      o["early_stop"] if early_stop is None else early_stop)
-        if o["debug"] or _compat.checkpoint_debug_override():
-            frame.trace = OpTrace()
-            forward_context = frame.trace.around(forward_context)
-        return cls(frame, forward_context, warn_bypassed)
+        # The policy's contexts may ask for the inputs in host memory (``sac2.offload``): what full AC keeps.
+        offload_inputs = getattr(forward_context, "offload_inputs", False) is True
+        block = schedule.begin(args)  # left as this forward ends or raises
+        try:
+            frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
+                          o["early_stop"] if early_stop is None else early_stop, block, offload_inputs)
+            if o["debug"] or _compat.checkpoint_debug_override():
+                frame.trace = OpTrace()
+                forward_context = frame.trace.around(forward_context)
+            return cls(frame, forward_context, warn_bypassed)
+        except BaseException:
+            schedule.abandon()
+            raise
 
     def end(self, error: BaseException | None, stacklevel: int = 6) -> None:
         """Leave the forward (``error``: what it raised); ``stacklevel`` of the line that called ``checkpoint``."""
-        _exit(self.context, self.pack, error)
+        try:
+            _exit(self.context, self.pack, error)
+        except BaseException:
+            schedule.abandon()
+            raise
         if error is not None:
+            schedule.abandon()
             return
+        schedule.end()
         _completed(self.frame)
         if self.warn_bypassed:
             _warn_if_bypassed([self.context], stacklevel)

@@ -9,7 +9,7 @@ tensor over and forgets it. Recompute stops once the last tensor the forward sav
 shapes, dtypes and devices are compared with the forward's (the determinism check).
 
 The rules sac2's frame keeps (each proven by the test named; torch's NOTE [Nestable Checkpoint] states the same for
-its frame): ``Frame`` keeps 1 to 6, ``sac2.frame.entry``, which enters and leaves the forward, keeps 7 and 8.
+its frame): ``Frame`` keeps 1 to 6 and 9, ``sac2.frame.entry``, which enters and leaves the forward, keeps 7 and 8.
 
 1. A tensor autograd saves in the checkpointed forward is kept as its position only; the first unpack of each
    backward (graph task or ``GraphExecGroup``) recomputes them all (``test_frame``: bytes kept, retain_graph twice).
@@ -33,6 +33,10 @@ its frame): ``Frame`` keeps 1 to 6, ``sac2.frame.entry``, which enters and leave
    ``respect_saved_tensors_hooks`` is True, bypasses them when False, and bypasses them with torch's FutureWarning
    when None (``test_saved_tensors_hooks``).
 8. Exceptions in forward leave no hook, mode or flag behind (``test_frame``: exceptions leave nothing behind).
+9. Offload (``sac2.offload``): a call is one block of its schedule, reached when its recompute starts; where the
+   policy's contexts ask (``offload_inputs``) and no saved-tensor hooks are in effect, its activation inputs are
+   saved through offload's hooks, autograd's in-place check of them made at unpack (``test_offload``: inputs
+   written in place, nested checkpoints; ``test_offload_schedule``: the order of copies and waits).
 
 The cost is a few list operations per saved tensor and hook, where torch's frame builds per-tensor dictionaries
 and handles and calls through ``torch._dynamo.disable`` wrappers. Code traced by torch.compile, export or FX runs
@@ -56,6 +60,7 @@ from sac2.frame.debug_trace import OpTrace
 from sac2.frame.inplace_check import SavedVersions, Witnesses, unchanged
 from sac2.frame.switches import preserved_generators
 from sac2.messages.internal import InternalError
+from sac2.offload import saves, schedule
 
 __all__ = ["Frame", "Holder", "CheckpointError"]
 
@@ -99,7 +104,7 @@ class Frame:
     __slots__ = (
         "fn", "kwargs", "inputs", "early_stop", "check", "holders", "metas", "versions", "recompute_context", "rng",
         "generators", "input_ids", "input_strides", "devices", "autocast", "device_context", "stores",
-        "completed", "ignore_mismatch", "trace", "witnesses",
+        "completed", "ignore_mismatch", "trace", "witnesses", "block",
     )
 
     def __init__(
@@ -111,8 +116,12 @@ class Frame:
         recompute_context: ContextManager[object] | None,
         determinism_check: str,
         early_stop: bool,
+        block: schedule.Block | None = None,
+        offload_inputs: bool = False,
     ) -> None:
         self.fn, self.kwargs = fn, kwargs
+        #: Offload's block for this call (``sac2.offload.schedule``), None while nothing asked for offload.
+        self.block = block
         self.recompute_context = recompute_context
         self.early_stop = early_stop
         self.check = determinism_check == "default"
@@ -132,7 +141,13 @@ class Frame:
         self.trace: OpTrace | None = None  # debug=True: the ops forward and recompute ran
         self.device_context = _compat.device_context()
         # Saved as autograd saves tensors: an enclosing checkpoint holds them (and recomputes to give them back).
-        self.inputs: list[object] = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
+        # Offload moves them where autograd would keep them itself: no saved-tensor hooks at all (no enclosing
+        # checkpoint's, in forward or recompute, nor the user's).
+        if offload_inputs and block is not None and _compat.top_saved_tensors_hooks() is None:
+            self.inputs: list[object] = [_saved_input(a, k, block) if isinstance(a, Tensor) else a
+                                         for k, a in enumerate(args)]
+        else:
+            self.inputs = [_compat.make_saved_tensor(a) if isinstance(a, Tensor) else a for a in args]
         #: Their ids while the forward runs (they are alive then), so the version check leaves them to autograd.
         self.input_ids = frozenset(id(a) for a in args if isinstance(a, Tensor))
         #: Their strides: a user's hook may hand an input back with others (``save_on_cpu`` makes it contiguous),
@@ -188,6 +203,8 @@ class Frame:
 
     def recompute(self) -> Store:
         """Run the function again; return what it saved, by position (None where the holder is gone)."""
+        if self.block is not None:
+            schedule.reached(self.block)  # offload: this block's tensors back, the next one's on their way
         store: Store = [None] * len(self.holders)
         early_stop, copy_at = self.versions.replaying_writes(self.early_stop)
         pack, count = self._recompute_hook(store, early_stop, copy_at)
@@ -316,6 +333,14 @@ def _replace_state(g: torch.Generator, state: Tensor) -> Tensor:
     now = g.get_state()
     g.set_state(state)
     return now
+
+
+def _saved_input(a: Tensor, k: int, block: schedule.Block) -> _compat.SavedTensor:
+    """Input ``k``, saved as autograd saves tensors; in host memory (``block``: the call's offload block) where it is
+    an activation (made by autograd, not a leaf the caller holds anyway) on the device: what full AC keeps."""
+    if a.requires_grad and a.grad_fn is not None and saves.can_move(a, block):
+        return saves.saved_input(a, block, k)
+    return _compat.make_saved_tensor(a)
 
 
 def _meta(meta: Meta) -> dict[str, object]:

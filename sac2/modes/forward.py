@@ -29,6 +29,7 @@ from sac2.core.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, inf
 from sac2.core.rng import rng_before, rng_moved
 from sac2.modes import dispatch_flags
 from sac2.modes.tracing import Tracer
+from sac2.offload import schedule
 from sac2.record.record import Record
 from sac2.record.regions import RegionCall, record_region
 from sac2.record.saved import Saved
@@ -102,6 +103,13 @@ class CachingMode(SacMode):
         #: Whether the policy's saved regions keep their inputs for real (``SaveList.keep_inputs``).
         self.keep_inputs = type(policy_fn) is SaveList and policy_fn.keep_inputs
         self._save_ids = None if self._save_ops is None else frozenset(map(id, self._save_ops))
+        #: A save list's ops kept in host memory (``SaveList.offload``); whether the checkpoint's inputs go there too
+        #: (read by the frame: ``sac2.frame.entry``).
+        self._offload_ops: frozenset[object] = frozenset(getattr(policy_fn, "offload", ()))
+        self._offload_ids = frozenset(map(id, self._offload_ops))
+        self.offload_inputs = getattr(policy_fn, "offload_inputs", False) is True
+        if self._offload_ops or self.offload_inputs:
+            schedule.use()
         self._ctx = ForwardContext()
         self._pending: list[Saved] = []  # entries whose versions are read at the next op (after autograd's bump)
         self._policy_error: TypeError | None = None
@@ -110,6 +118,11 @@ class CachingMode(SacMode):
     def __enter__(self) -> Self:
         count_forward()
         self._tracer = Tracer(self) if _compat.tracing_for_compile() else None
+        if self._offload_ops or self.offload_inputs:
+            if self._tracer is not None:
+                warn_once("offload-compiled", "torch.compile", messages.OFFLOAD_UNDER_COMPILE)
+            elif not schedule.in_frame():
+                warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)
         self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 
@@ -133,7 +146,7 @@ class CachingMode(SacMode):
                 if id(func) not in self._save_ids:
                     log.append(func)
                     return out
-                offload = False
+                offload = id(func) in self._offload_ids
             else:
                 save, offload = SAVE_OFFLOAD[self.decide(func, op, args, kwargs, out, len(log))]
                 if not save:
@@ -207,8 +220,11 @@ class CachingMode(SacMode):
             return SAVE_OFFLOAD[self.decide(func, op, args, kwargs, out, len(self._log))]
         save_ops = self._save_ops
         if id(func) in self._save_ids or op.ordered:
-            return True, False
-        return op.kind == KEYED and save_ops is not None and keys.region_of(func, args) in save_ops, False
+            return True, id(func) in self._offload_ids
+        if op.kind == KEYED and save_ops is not None:
+            region = keys.region_of(func, args)
+            return region in save_ops, region in self._offload_ops
+        return False, False
 
     def _track_op(
         self, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
@@ -299,7 +315,7 @@ class CachingMode(SacMode):
     def region_answer(self, call: RegionCall) -> tuple[bool, bool]:
         """(save, offload) for one region call: a save list's membership, else the policy's answer."""
         if self._save_ops is not None:
-            return call.key in self._save_ops, False
+            return call.key in self._save_ops, call.key in self._offload_ops
         return SAVE_OFFLOAD[self.ask(call.key, call.args, call.kwargs, None, len(self._log))]
 
     def __exit__(

@@ -4,7 +4,7 @@ The record is a plain list, one entry per op in call order: the op's replay key 
 entry (serve it; ``sac2.record.saved`` owns what an entry holds and its lifecycle). The record orders and drives them:
 it appends what the forward saved, watches their storages through its ``StorageTracker`` while the forward runs, and at
 the end of the forward and around each recompute moves every entry through its lifecycle at once (stale ones recomputed,
-offloaded ones to the host and back, the rest through the user's saved-tensor hooks).
+offloaded ones handed to offload's schedule, the rest through the user's saved-tensor hooks).
 """
 
 from __future__ import annotations
@@ -126,9 +126,8 @@ class Record:
             self.packed = True
 
     def start_recompute(self) -> None:
-        """Before each recompute: start copying offloaded entries back, take back what the hooks hold."""
-        for entry in self.offloaded:
-            entry.prefetch()
+        """Before each recompute: take back what the hooks hold (offloaded entries come back by offload's schedule,
+        ``sac2.offload.schedule``, as backward reaches their block)."""
         if self.packed:
             packed = State.PACKED
             with _compat.no_modes(), torch.no_grad():  # the hooks' own ops are not the program's
@@ -144,8 +143,9 @@ class Record:
         entry = self.log[i]
         if type(entry) is not Saved:
             raise InternalError(messages.internal_error(messages.NOT_SAVED))
-        entry.restore(args, kwargs)
-        if entry.requires_grad is not None or _compat.backward_keeps_graph():
+        keep = entry.requires_grad is not None or _compat.backward_keeps_graph()
+        entry.restore(args, kwargs, final=not keep)
+        if keep:
             out = entry.serve(args, kwargs)
             entry.release()
             self.served.append(entry)

@@ -23,9 +23,12 @@ import torch
 
 from sac2 import _compat, messages
 from sac2.core.keys import Region
+from sac2.offload import saves as host_saves
+from sac2.offload import schedule
 
 __all__ = [
-    "keep_inputs", "keeps_inputs", "rebuilds", "run_saved", "run_under", "unpack_kept", "Rebuilt", "Forward",
+    "keep_inputs", "keeps_inputs", "rebuilds", "run_saved", "run_under", "unpack_kept", "unpack_any", "Rebuilt",
+    "Forward",
     "Shared", "note_outputs", "kept_anyway",
 ]
 
@@ -249,20 +252,41 @@ def unpack_kept(p: Kept) -> Tensor:
     return t
 
 
+def _kept(x: Tensor, n: int, block: schedule.Block | None) -> Kept | host_saves.HostSave:
+    """Save ``n`` of a saved region's body, kept for real: on the device, or, for an offloaded region (``block``:
+    its forward's offload block), in host memory (not a parameter: autograd's graph holds it anyway)."""
+    if block is not None and _compat.parameter_of(x) is None:
+        moved = host_saves.body_save(x, block, n)
+        if moved is not None:
+            return moved
+    return (x, _compat.version(x), n)
+
+
+def unpack_any(p: Kept | host_saves.HostSave) -> Tensor:
+    """A kept save back: from host memory for an offloaded region's."""
+    if isinstance(p, host_saves.HostSave):
+        return host_saves.unpack_body(p)
+    return unpack_kept(p)
+
+
 class _KeepAll:
     """The saved-tensor hooks of a saved region's body that keeps every save for real (``keep_inputs``), each with
     its version: autograd checks none through hooks, so a write into a kept tensor before backward would be silently
     read (``unpack_kept`` raises autograd's error instead)."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "block", "forward")
 
-    def __init__(self) -> None:
+    def __init__(self, block: schedule.Block | None, forward: Forward | None) -> None:
         self.count = 0
+        self.block = block  # an offloaded region's: what it keeps goes to host memory, but what the record keeps
+        self.forward = forward
 
-    def pack(self, x: Tensor) -> Kept:
+    def pack(self, x: Tensor) -> Kept | host_saves.HostSave:
         n = self.count
         self.count = n + 1
-        return (x, _compat.version(x), n)
+        if self.block is None or (self.forward is not None and kept_anyway(x, self.forward)):
+            return (x, _compat.version(x), n)
+        return _kept(x, n, self.block)
 
 
 class _Saves:
@@ -271,23 +295,27 @@ class _Saves:
     (``sac2.record.region_sharing``); anything else is kept for real. Autograd keeps a ``Shared`` or a ``Kept``.
     """
 
-    __slots__ = ("inputs", "beneath_pack", "beneath_unpack", "forward", "count", "numbers", "specs")
+    __slots__ = ("inputs", "beneath_pack", "beneath_unpack", "forward", "count", "numbers", "specs", "block")
 
-    def __init__(self, inputs: list[tuple[Tensor, int]], beneath: _compat.HookPair, forward: Forward) -> None:
+    def __init__(self, inputs: list[tuple[Tensor, int]], beneath: _compat.HookPair, forward: Forward,
+                 block: schedule.Block | None) -> None:
         self.inputs = inputs  # the call's tensor arguments, each with its version when it started
         self.beneath_pack, self.beneath_unpack = beneath
         self.forward: Forward | None = forward
         self.count = 0
         self.numbers: list[int] = []
         self.specs: list[Spec] = []
+        self.block = block  # an offloaded region's: what it keeps for real goes to host memory
 
-    def pack(self, x: Tensor) -> Kept | Shared:
+    def pack(self, x: Tensor) -> Kept | Shared | host_saves.HostSave:
         n = self.count
         self.count = n + 1
         spec = rebuilds(x, self.inputs)
         forward = self.forward
         if spec is None or forward is None or kept_anyway(x, forward):
-            return (x, _version(x), n)
+            if self.block is None or spec is not None or forward is None or kept_anyway(x, forward):
+                return (x, _version(x), n)  # on the device, or there anyway (the record keeps it)
+            return _kept(x, n, self.block)  # a tensor the body of an offloaded region made
         t, version = self.inputs[spec[0]]
         key = (id(t), spec[1], spec[2], spec[3])
         shared = forward.position(key, t, version)
@@ -297,10 +325,10 @@ class _Saves:
             shared = forward.positions[key] = Shared(self.beneath_pack(x), t, version)
         return shared
 
-    def unpack(self, p: Kept | Shared) -> Tensor:
+    def unpack(self, p: Kept | Shared | host_saves.HostSave) -> Tensor:
         if isinstance(p, Shared):
             return p.unpack(self.beneath_unpack)
-        return unpack_kept(p)
+        return unpack_any(p)
 
     def rebuilt(self) -> Rebuilt | None:
         return (frozenset(self.numbers), tuple(self.specs)) if self.numbers else None
@@ -308,18 +336,23 @@ class _Saves:
 
 def run_saved(
     body: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], before: list[tuple[Tensor, int]],
-    forward: Forward | None,
+    forward: Forward, keep: bool = False, offload: bool = False,
 ) -> tuple[Any, Rebuilt | None]:
     """Run a saved region's body in forward (``before``: its tensor arguments with their versions): its backward
     state kept for real, except the saves recompute can rebuild from its inputs, which the checkpoint beneath keeps
-    as positions, shared with the forward's other saved regions (``forward``; None where the region keeps its
-    inputs, ``keeps_inputs``). The checkpoint's pack hook is found on torch's hook stack: it is the innermost pair
-    while a checkpointed forward runs (``_compat.checkpoint_forward_hooks``), the one link to the frame that no
-    import shows."""
-    beneath = None if forward is None else _compat.checkpoint_forward_hooks()
-    if beneath is None or forward is None:
-        return run_under(body, args, kwargs, _KeepAll().pack, unpack_kept), None
-    saves = _Saves(before, beneath, forward)
+    as positions, shared with the forward's other saved regions (``forward``), unless the region keeps its inputs
+    (``keep``: ``keeps_inputs``). An ``offload``ed region keeps what it keeps for real in host memory
+    (``sac2.offload``). The checkpoint's pack hook is found on torch's hook stack: it is the innermost pair while a
+    checkpointed forward runs (``_compat.checkpoint_forward_hooks``), the one link to the frame that no import shows."""
+    block = schedule.current() if offload else None
+    beneath = None if keep else _compat.checkpoint_forward_hooks()
+    if beneath is None:
+        keep_all = _KeepAll(block, forward)
+        try:
+            return run_under(body, args, kwargs, keep_all.pack, unpack_any), None
+        finally:
+            keep_all.forward = None  # autograd keeps the hooks in its graph
+    saves = _Saves(before, beneath, forward, block)
     try:
         out = run_under(body, args, kwargs, saves.pack, saves.unpack)
     finally:
@@ -343,4 +376,4 @@ def run_under(
 
 # Autograd calls these from C++, also inside compiled code (a compiled submodule in a saved region's body), where
 # dynamo would trace them as the user's code.
-_compat.skip_dynamo_in_code(_KeepAll.pack, _Saves.pack, _Saves.unpack, unpack_kept)
+_compat.skip_dynamo_in_code(_KeepAll.pack, _Saves.pack, _Saves.unpack, unpack_kept, unpack_any, _kept)

@@ -33,6 +33,7 @@ from sac2.core.keys import Region
 from sac2.core.notices import count_forward, warn_once
 from sac2.core.rng import rng_before, rng_moved
 from sac2.messages.internal import InternalError
+from sac2.offload import schedule
 from sac2.record import region_saves
 from sac2.record.record import Record
 from sac2.record.saved import Saved, State
@@ -94,7 +95,7 @@ def record_region(record: Record, call: RegionCall, save: bool, offload: bool, k
     if forward is None:  # both forward contexts start it on entry
         raise InternalError(messages.internal_error(messages.NOT_IN_FORWARD))
     keep = region_saves.keeps_inputs(key, keep_inputs)
-    out, rebuilt = region_saves.run_saved(call.body, args, kwargs, before, None if keep else forward)
+    out, rebuilt = region_saves.run_saved(call.body, args, kwargs, before, forward, keep, offload)
     entry = Saved(key)
     entry.rebuilt = rebuilt
     written = [] if call.pure else writes.writes_of(key, args, kwargs, out, before)  # a pure call writes nothing
@@ -229,14 +230,22 @@ class RegionForward(_Context):
 
     def __init__(self, policy: SaveList, record: Record) -> None:
         super().__init__(record)
-        #: The names of the regions the save list saves (a name is a str: no Python-level hash per call).
+        #: The names of the regions the save list saves, and of those it saves in host memory (``sac2.offload``): a
+        #: name is a str, so no Python-level hash per call.
         self.saved_names = frozenset(op.name for op in policy.ops if type(op) is Region)
+        self.offloaded_names = frozenset(op.name for op in policy.offload if type(op) is Region)
         self.keep_inputs = policy.keep_inputs
+        #: Whether the checkpoint's inputs go to host memory (read by the frame: ``sac2.frame.entry``).
+        self.offload_inputs = policy.offload_inputs
+        if self.offloaded_names or self.offload_inputs:
+            schedule.use()
         #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
         self.saved_tensors_hooks: _compat.HookPair | None = None
 
     def __enter__(self) -> Self:
         count_forward()
+        if (self.offloaded_names or self.offload_inputs) and not schedule.in_frame():
+            warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)
         self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 
@@ -252,7 +261,9 @@ class RegionForward(_Context):
         return self.record.saves_anything()
 
     def region(self, call: RegionCall) -> Any:
-        return record_region(self.record, call, call.key.name in self.saved_names, False, self.keep_inputs)
+        name = call.key.name
+        return record_region(self.record, call, name in self.saved_names, name in self.offloaded_names,
+                             self.keep_inputs)
 
 
 class RegionReplay(_Context):
@@ -286,9 +297,12 @@ def region_only(policy: object) -> SaveList | None:
     """The policy as a save list if it can only ever save ``sac2.region`` calls, else None.
 
     That is a save list of ``sac2.Region``s while compiled code does not run as ``inductor_compiled_code``
-    (``wrap_inductor_compiled_regions`` off): then no op but a ``sac2.region`` call can match a ``Region``.
+    (``wrap_inductor_compiled_regions`` off): then no op but a ``sac2.region`` call can match a ``Region``. A save
+    list of nothing that puts the checkpoint's inputs in host memory is full AC with them there: no mode either.
     """
-    if type(policy) is SaveList and policy.ops and all(type(op) is Region for op in policy.ops):
+    if type(policy) is SaveList and (policy.ops or policy.offload_inputs) and all(
+        type(op) is Region for op in policy.ops
+    ):
         if not _compat.compiled_regions_wrapped():
             return policy
     return None

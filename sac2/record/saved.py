@@ -2,12 +2,13 @@
 values are (its ``State``).
 
 An entry holds detached aliases of what the call returned and wrote, the generator states around it, and, for CPU
-offload or the user's saved-tensor hooks, the copies they made. Its state says which of those it holds and so how
+offload or the user's saved-tensor hooks, what carries its tensors (offload's parcels, ``sac2.offload``) or what the
+hooks made of them. Its state says which of those it holds and so how
 it is served; every change of state is a method of ``Saved`` that raises ``InternalError`` where its lifecycle
 has no such step::
 
     HELD --mark_stale--> STALE            (a later write in the forward; STALE --mark_stale--> STALE too)
-    HELD --offload_at_end--> OFFLOAD_PENDING --to_host--> ON_HOST  (back to HELD if no tensor is on CUDA)
+    HELD --offload_at_end--> OFFLOAD_PENDING --to_host--> ON_HOST  (back to HELD if no tensor is on a device)
                              OFFLOAD_PENDING --mark_stale--> STALE
     HELD --pack--> PACKED
     HELD --keep_region(written=None)--> RERUN
@@ -28,10 +29,13 @@ from sac2 import _compat, messages
 from sac2._compat import tree_map
 from sac2.core import writes
 from sac2.core.keys import Key
+from sac2.core.notices import warn_once
 from sac2.core.rng import GeneratorState
 from sac2.frame.inplace_check import hooks_keep
 from sac2.messages.internal import InternalError
-from sac2.record import offload
+from sac2.offload import link as offload_link
+from sac2.offload import schedule
+from sac2.offload.parcel import Parcel
 
 __all__ = ["State", "Saved"]
 
@@ -49,7 +53,7 @@ class State(enum.Enum):
     HELD = "detached aliases on their device, watched for in-place writes (nothing watched under tracing)"
     STALE = "written into later in the forward: recomputed instead of served"
     OFFLOAD_PENDING = "answered CPU_OFFLOAD while the forward still runs: held as HELD until it ends"
-    ON_HOST = "pinned host copies only (offload.Offloaded), copied back to the device before each recompute"
+    ON_HOST = "its device tensors in offload's parcels (sac2.offload): in pinned host memory, copied back for recompute"
     PACKED = "held by the user's saved-tensor hooks, unpacked before each recompute"
     RERUN = "a region that wrote where sac2 cannot see: replay runs it again"
 
@@ -92,12 +96,12 @@ class Saved:
     ``state``: its ``State``. ``out``: detached outputs, written arguments among them as ``_ArgRef``s. ``writes``:
     (path, detached tensor) per argument the call wrote. ``tensors``/``versions``: the aliases watched for
     in-place changes and their versions. ``requires_grad``: for regions, which outputs required grad (served ones
-    must too). ``rng``: the generator it moved. ``offloaded``: its host copies (ON_HOST). ``hooks``/``packed``: the
-    user's saved-tensor hooks and what they hold (PACKED).
+    must too). ``rng``: the generator it moved. ``host``: its outputs and writes with offload's parcels for their
+    device tensors (ON_HOST). ``hooks``/``packed``: the user's saved-tensor hooks and what they hold (PACKED).
     """
 
     __slots__ = (
-        "key", "state", "out", "tensors", "versions", "writes", "requires_grad", "rng", "offloaded", "hooks",
+        "key", "state", "out", "tensors", "versions", "writes", "requires_grad", "rng", "host", "hooks",
         "packed", "rebuilt",
     )
 
@@ -112,7 +116,7 @@ class Saved:
         self.writes: Written = ()
         self.requires_grad: tuple[bool, ...] | None = None
         self.rng: GeneratorState | None = None
-        self.offloaded: offload.Offloaded | None = None
+        self.host: tuple[Any, tuple[tuple[writes.Path, Any], ...]] | None = None
         self.hooks: Hooks | None = None
         #: What the hooks hold: the outputs with ``_Packed`` for tensors, and (path, ``_Packed``) per write.
         self.packed: tuple[Any, list[tuple[writes.Path, _Packed]]] | None = None
@@ -199,16 +203,33 @@ class Saved:
 
     # --- between forward and backward ----------------------------------------------------------------------
     def to_host(self) -> None:
-        """CPU_OFFLOAD, at the end of forward: hold pinned host copies only (OFFLOAD_PENDING to ON_HOST), or, with
-        nothing on a device, stay a plain save (to HELD)."""
+        """CPU_OFFLOAD, at the end of forward: hand the device tensors to offload's parcels in the forward's block,
+        which the schedule moves to the host and back (OFFLOAD_PENDING to ON_HOST), or, with nothing on a device,
+        stay a plain save (to HELD). The versions stay watched, through witnesses (a copy may run later than a write
+        after the forward: backward raises autograd's error, as for a saved tensor)."""
         self._move(_ON_HOST, _OFFLOAD_PENDING)  # checked before anything moves
-        device = offload.cuda_device(self.tensors)
-        if device is None:
-            self.state = _HELD  # nothing on a device: a plain save
+        block = schedule.current()
+        if block is None or not any(block.link.device_of(t) is not None for t in self.tensors):
+            if block is None and any(offload_link.current().device_of(t) is not None for t in self.tensors):
+                warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)  # no schedule there
+            self.state = _HELD  # nothing on a device (or no schedule): a plain save
             return
-        self.offloaded = offload.to_host(self.out, self.writes, device)
-        self.out, self.writes = self.offloaded.host_out, self.offloaded.host_writes
-        self.tensors, self.versions = (), ()  # a copy cannot be modified in place by anyone else
+        moved = []
+
+        def one(x: Any) -> Any:
+            p = block.add(x, 1) if isinstance(x, Tensor) else None
+            if p is None:
+                return x
+            moved.append(p)
+            return p
+
+        out, written = tree_map(one, self.out), tuple([(p, one(t)) for p, t in self.writes])
+        if not moved:
+            self.state = _HELD  # only empty tensors: a plain save
+            return
+        self.host = (out, written)
+        self.out, self.writes = out, written
+        self.tensors = tuple([_witness(t) for t in self.tensors])
 
     def pack(self, hooks: Hooks) -> None:
         """Hand the entry's tensors to the user's saved-tensor hooks (e.g. ``save_on_cpu``) until it is served
@@ -241,18 +262,20 @@ class Saved:
         self.out = tree_map(one, out, is_leaf=lambda x: type(x) is _Packed)
         self.writes = tuple([(p, t.unpack(unpack_hook)) for p, t in written])
 
-    def prefetch(self) -> None:
-        """Start copying an offloaded entry back to its device (it stays ON_HOST)."""
-        self.out, self.writes = offload.to_device(self._host_copies())
-
-    def restore(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def restore(self, args: tuple[Any, ...], kwargs: dict[str, Any], final: bool = False) -> None:
         """Serving: leave the generator and the written arguments as running the op would have.
 
         The generator moves only when recompute is replaying forward's random stream (``preserve_rng_state``):
-        then it stands where it stood before the op. Otherwise backward leaves every generator alone.
+        then it stands where it stood before the op. Otherwise backward leaves every generator alone. An offloaded
+        entry takes its tensors back from its parcels first (``final``: it is served for the last time).
         """
         if self.state is _ON_HOST:
-            offload.wait(self._host_copies(), self.out, self.writes)
+            out, written = self._host()
+
+            def take(x: Any) -> Any:
+                return x.take(final) if type(x) is Parcel else x
+
+            self.out, self.writes = tree_map(take, out), tuple([(p, take(t)) for p, t in written])
         if self.rng is not None:
             gen, before, after = self.rng
             if torch.equal(gen.get_state(), before):
@@ -286,17 +309,15 @@ class Saved:
         return out if type(out) is Tensor and self.requires_grad is None else self.serve(args, kwargs)
 
     def release(self) -> None:
-        """After serving an offloaded entry another recompute may serve again: hold host copies only."""
+        """After serving an offloaded entry another recompute may serve again: hold its parcels only."""
         if self.state is _ON_HOST:
-            host = self._host_copies()
-            self.out, self.writes = host.host_out, host.host_writes
-            host.event = None
+            self.out, self.writes = self._host()
 
-    def _host_copies(self) -> offload.Offloaded:
-        """What an ON_HOST entry holds on the host."""
-        if self.state is not _ON_HOST or self.offloaded is None:
+    def _host(self) -> tuple[Any, tuple[tuple[writes.Path, Any], ...]]:
+        """What an ON_HOST entry holds: its outputs and writes with parcels for their device tensors."""
+        if self.state is not _ON_HOST or self.host is None:
             raise InternalError(messages.internal_error(messages.NOT_OFFLOADED))
-        return self.offloaded
+        return self.host
 
 
 def _resize_like(target: Tensor, saved: Tensor) -> None:

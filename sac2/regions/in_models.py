@@ -40,7 +40,9 @@ from sac2.regions import module_class
 from sac2.regions.calls import call_region, module_region, region_key
 from sac2.regions.matmuls import matmuls_as_regions
 
-__all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
+__all__ = [
+    "ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_keys", "region_name_of",
+]
 
 ATTENTION, LINEAR, EXPERTS = "attention", "linear", "experts"
 #: What ``mode="regions"`` saves by default: every matmul and attention, ``llm()``'s choice made in regions. It
@@ -119,6 +121,17 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
         chosen.update(_attention(model, blocks))
     _refuse_nesting(chosen)
     return [region_key(n) for n in sorted(_make_region_modules(chosen))]
+
+
+def region_keys(blocks: Sequence[tuple[str, nn.Module]], targets: Iterable[Target]) -> list[Region]:
+    """The regions ``make_regions`` made for ``targets`` inside ``blocks``, once it has run with them (or with more):
+    which of a model's regions those targets name."""
+    targets = list(targets)
+    chosen, _ = _matching_modules(blocks, [t for t in targets if t != ATTENTION])
+    names = {found[0] for found in chosen.values() if found is not None}
+    if ATTENTION in targets:
+        names.add(ATTENTION)
+    return [region_key(n) for n in sorted(names)]
 
 
 def _matching_modules(blocks: Sequence[tuple[str, nn.Module]], modules: list[Target]) -> tuple[Chosen, set[int]]:

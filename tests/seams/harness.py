@@ -31,7 +31,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import sac2
+from sac2.api import offload_targets
 from sac2.core.decisions import CheckpointPolicy, SaveList
+from sac2.offload.standin import stand_in
 from sac2.regions.in_models import make_regions
 
 from . import torch_style
@@ -88,14 +90,18 @@ class Block(nn.Module):
 
 class Net(nn.Module):
     """Two blocks in ``layers``; ``call(layer, x)``, when set, is how the model calls each block (the function
-    routes checkpoint through it)."""
+    routes checkpoint through it); ``activation_input``: the input passes through an op first (offload moves
+    activations, not the caller's leaves)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.layers = nn.ModuleList([Block(), Block()])
         self.call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = None
+        self.activation_input = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation_input:
+            x = x * 1.0  # bitwise the same: the first block's input an activation, as an embedding gives
         for layer in self.layers:
             x = layer(x) if self.call is None else self.call(layer, x)
         return x
@@ -234,6 +240,27 @@ def make_policy(kind: str, p: Problem) -> Any:
     raise AssertionError(kind)
 
 
+def offloads(cell: Cell) -> bool:
+    """Whether the cell moves something to host memory: it runs through the CPU stand-in for a device."""
+    return cell.offload != "none" or cell.policy == "offload"
+
+
+def _offload_targets(cell: Cell) -> list[str] | None:
+    """What ``apply_ac(offload=...)`` names for the cell's ``offload`` (``matrix.OFFLOAD``)."""
+    return {"none": None, "regions": ["attention"], "inputs": ["inputs"]}[cell.offload]
+
+
+def with_offload(cell: Cell, p: Problem, policy: Any) -> Any:
+    """``policy`` (None for full AC) with the cell's ``offload`` in host memory, as ``apply_ac(offload=...)``
+    builds it for the mode the policy stands for."""
+    targets = _offload_targets(cell)
+    if targets is None:
+        return policy
+    moved = offload_targets.Offload("inputs" in targets, tuple(t for t in targets if t != "inputs"), ())
+    mode = "full" if policy is None else "regions" if cell.policy.startswith("regions") else "selective"
+    return offload_targets.with_offload(p.model, p.blocks, mode, policy, moved)
+
+
 def _context(policy: Any, plain: bool) -> dict[str, Any]:
     """sac2's checkpoint keyword arguments for ``policy`` (none for full AC): a partial, or a plain function when
     ``plain`` (``matrix.Cell.plain_context_fn``)."""
@@ -273,17 +300,20 @@ def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None
         apply_ac(config, model)
         return None
     if route == "apply_ac":
+        offload = _offload_targets(cell)
         if kind == "full":
-            sac2.apply_ac(model, "full", **_respect(cell))
+            sac2.apply_ac(model, "full", offload=offload, **_respect(cell))
         elif kind in ("regions", "regions_keep_inputs"):
             sac2.apply_ac(model, "regions", save=["attention", "linear"], keep_inputs=kind == "regions_keep_inputs",
-                          **_respect(cell))
+                          offload=offload, **_respect(cell))
         else:
-            sac2.apply_ac(model, "selective", policy=make_policy(kind, p), **_respect(cell))
+            sac2.apply_ac(model, "selective", policy=make_policy(kind, p), offload=offload, **_respect(cell))
         return None
-    policy = make_policy(kind, p)
+    policy = with_offload(cell, p, make_policy(kind, p))
     installation = None
-    if route in ("install_import", "install_attr", "torch_wrapper") or (route == "hf" and policy is None):
+    # transformers calls torch's checkpoint: offload's schedule runs on sac2's frame, which install() puts under it
+    hf_frame = route == "hf" and (policy is None or cell.offload != "none")
+    if route in ("install_import", "install_attr", "torch_wrapper") or hf_frame:
         installation = sac2.install()
     # Each context_fn is made once, here, as users make it: dynamo takes a partial made inside compiled code, but
     # not a function defined there ("checkpoint not implemented for NestedUserFunctionVariable").
@@ -449,7 +479,7 @@ def _key(cell: Cell) -> tuple[str, ...]:
     (``matrix``'s no_donated_buffers rule), which is decided when it compiles: those cells share their own setup."""
     # A tool around the step gets its own setup: the module trackers of FlopCounterMode and MemTracker leave
     # gradient hooks on tensors of the model they watched a recompute of (torch's), which later cells would meet.
-    return (cell.route, cell.execution, cell.policy, "kept" if _kept(cell) else "plain", cell.around)
+    return (cell.route, cell.execution, cell.policy, "kept" if _kept(cell) else "plain", cell.around, cell.offload)
 
 
 def _build(cell: Cell) -> Setup:
@@ -458,7 +488,10 @@ def _build(cell: Cell) -> Setup:
     counters.clear()
     p = setup.problem = problem(cell.route)
     try:
-        setup.installation = apply_route(cell, p)
+        if cell.offload == "inputs" and isinstance(p.model, Net):
+            p.model.activation_input = True  # else block 0's input is the caller's leaf, block 1 the last: none moves
+        with stand_in() if offloads(cell) else contextlib.nullcontext():  # apply_ac offloads where a device is
+            setup.installation = apply_route(cell, p)
         loss = p.loss
         if cell.compiled:
             loss = torch.compile(loss, **_COMPILE[cell.execution])
@@ -521,7 +554,10 @@ def _run_cell(cell: Cell) -> None:
         with pytest.raises(RuntimeError, match=expected.match):
             run_backward(cell.backward, setup.step, p.names, p.leaves, cell.around)
     else:
-        got = run_backward(cell.backward, setup.step, p.names, p.leaves, cell.around)
+        with stand_in() if offloads(cell) else contextlib.nullcontext() as link:
+            got = run_backward(cell.backward, setup.step, p.names, p.leaves, cell.around)
+        if cell.offload != "none" and not cell.around.startswith(("save_on_cpu", "user_hooks")):
+            assert link is not None and any(kind == "to_host" for kind, _ in link.log), "nothing was offloaded"
         want = reference(cell.route if cell.route in LIBRARY else "small", cell.backward, cell.around)
         compare(got, want, exact=not cell.compiled)
     assert not torch._C._len_torch_dispatch_stack(), "a dispatch mode was left on the stack"

@@ -1,17 +1,18 @@
 """The seam matrix: its dimensions, the one table of rules that says which cells are meaningful and what each
 must do, and the cells the suite runs (a pairwise covering design by default, the full product on request).
 
-A cell is one (route, execution, policy, backward, around) combination; its id is
-``route-execution-policy-backward-around``.
+A cell is one (route, execution, policy, backward, around, offload) combination; its id is
+``route-execution-policy-backward-around-offload``.
 Every rule is here, with its reason in words: which combinations are excluded, which end in an error torch
 documents, where ``sac2.forward_count()`` cannot move because sac2 is not in the path, and which cells are known
 sac2 bugs (``pytest.mark.xfail(strict=True)`` until fixed). ``tests/seams/harness.py`` only runs a cell.
 
 ``SAC2_SEAMS=full`` selects every valid cell; by default a pairwise covering design: every pair of values of any
 two dimensions that some valid cell has appears in at least one selected cell (``test_seams.py`` checks it).
-``SAC2_SEAMS=ci`` is the full product for eager and aot_eager with nothing around the step, and pairwise for the
-other executions and for the user's tools around it; ``SAC2_SEAMS=ci-rest`` is that selection less the pairwise
-cells the default suite already ran (those of routes that need no client library), so CI runs no cell twice.
+``SAC2_SEAMS=ci`` is the full product for eager and aot_eager with nothing around the step and nothing offloaded,
+plus the pairwise set (which covers the other executions, the user's tools around the step and offload);
+``SAC2_SEAMS=ci-rest`` is that selection less the pairwise cells the default suite already ran (those of routes that
+need no client library), so CI runs no cell twice.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from typing import Callable
 import torch.utils.checkpoint as tuc
 
 __all__ = [
-    "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "AROUND", "DIMENSIONS", "COMPILED", "Cell", "Rule", "RULES",
+    "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "AROUND", "OFFLOAD", "DIMENSIONS", "COMPILED", "Cell", "Rule",
+    "RULES",
     "BUGS",
     "LIBRARY", "CI_FULL", "product", "valid_cells", "pairs_of", "pairwise", "trimmed", "selected", "bug_of",
 ]
@@ -43,7 +45,8 @@ ROUTES = (
     "apply_activation_checkpointing",  # sac2.apply_activation_checkpointing
     "torch_wrapper",  # torch's checkpoint_wrapper (block 0) and CheckpointWrapper (block 1), under sac2.install()
     "apply_ac",  # sac2.apply_ac(model, mode=...)
-    "hf",  # transformers: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)
+    "hf",  # transformers: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...); install() for
+    # full AC and for offload (whose schedule runs on sac2's frame)
     "torchtitan",  # sac2.integrations.torchtitan.apply_ac(FullAC / SelectiveAC config, model)
 )
 EXECUTIONS = ("eager", "aot_eager", "inductor", "fullgraph", "dynamic")
@@ -77,7 +80,13 @@ AROUND = (
     "user_hooks",  # a user's saved_tensors_hooks pair (pack copies) around the step, the route passing no flag
     "user_hooks_respect",  # the same pair, the route passing respect_saved_tensors_hooks=True
 )
-DIMENSIONS = {"route": ROUTES, "execution": EXECUTIONS, "policy": POLICIES, "backward": BACKWARDS, "around": AROUND}
+OFFLOAD = (  # what apply_ac(offload=...) moves to host memory on top of the policy, through the CPU stand-in
+    "none",  # nothing
+    "regions",  # the attention calls made regions and kept in host memory (offload=["attention"])
+    "inputs",  # each block's checkpoint inputs kept in host memory (offload=["inputs"])
+)
+DIMENSIONS = {"route": ROUTES, "execution": EXECUTIONS, "policy": POLICIES, "backward": BACKWARDS, "around": AROUND,
+              "offload": OFFLOAD}
 COMPILED = frozenset(EXECUTIONS) - {"eager"}
 
 #: The library a route needs; its cells skip (pytest.importorskip, naming it) where it is not installed.
@@ -95,10 +104,11 @@ class Cell:
     policy: str
     backward: str
     around: str = "none"
+    offload: str = "none"
 
     @property
     def id(self) -> str:
-        return f"{self.route}-{self.execution}-{self.policy}-{self.backward}-{self.around}"
+        return f"{self.route}-{self.execution}-{self.policy}-{self.backward}-{self.around}-{self.offload}"
 
     @property
     def compiled(self) -> bool:
@@ -173,6 +183,13 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "exclude",
+        "Offload's schedule runs on sac2's eager frame: under torch.compile the checkpoint is torch's operator and "
+        "its partitioner decides what is kept, so a compiled cell would not offload; torchtitan's AC config has no "
+        "offload option for the route to pass.",
+        lambda c: c.offload != "none" and (c.compiled or c.route == "torchtitan"),
+    ),
+    Rule(
+        "exclude",
         "torchtitan's activation-checkpoint config has no option for the checkpoint's saved-tensor hooks flag, so "
         "the route cannot pass respect_saved_tensors_hooks (its cells without the flag run under the same hooks).",
         lambda c: c.route == "torchtitan" and c.around.endswith("_respect"),
@@ -203,8 +220,12 @@ RULES: tuple[Rule, ...] = (
         "torch.autograd.grad "
         "that recomputes a checkpoint, hooks the modules the recompute runs and asks the engine about their leaf "
         "inputs, which raises during autograd.grad (backward() is fine, and without checkpointing nothing runs "
-        "forward inside the backward).",
-        lambda c: c.around in ("flops_backward", "memtracker_both") and c.backward == "double",
+        "forward inside the backward). Not FlopCounterMode over the backward where offload moves the inputs: the "
+        "small model's input passes through x * 1.0 there (bitwise the same), so that its first block's input is an "
+        "activation offload can move, and no module the recompute runs has a leaf input (MemTracker, over the "
+        "forward too, also tracks the model's own input, a leaf).",
+        lambda c: c.backward == "double"
+        and (c.around == "memtracker_both" or (c.around == "flops_backward" and c.offload != "inputs")),
         match="A leaf node was passed to _will_engine_execute_node",
     ),
     Rule(
@@ -290,9 +311,10 @@ CI_FULL = ("eager", "aot_eager")
 
 def trimmed(cells: list[Cell]) -> list[Cell]:
     """The ``ci`` selection: the full product of ``CI_FULL``'s executions (sac2's own compiled path, the modes
-    tagging nodes for the partitioner, on every route, policy and backward) and the default pairwise set, which
-    covers the pairs only the other executions have (inductor's code generation, fullgraph, symbolic shapes)."""
-    base = {c for c in cells if c.execution in CI_FULL and c.around == "none"}
+    tagging nodes for the partitioner, on every route, policy and backward, nothing offloaded) and the default
+    pairwise set, which covers the pairs only the other executions, the user's tools and offload have (inductor's
+    code generation, fullgraph, symbolic shapes)."""
+    base = {c for c in cells if c.execution in CI_FULL and c.around == "none" and c.offload == "none"}
     return sorted(base | set(pairwise(cells)))
 
 

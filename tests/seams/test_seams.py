@@ -1,7 +1,7 @@
 """Each selected cell of the seam matrix (``matrix.selected()``), and the properties of the design itself.
 
-Ids name the cell: ``route-execution-policy-backward-around``. Known sac2 bugs are ``xfail(strict=True)`` cells, so the
-suite stays green until they are fixed and turns red when one is (``matrix.BUGS``).
+Ids name the cell: ``route-execution-policy-backward-around-offload``. Known sac2 bugs are ``xfail(strict=True)``
+cells, so the suite stays green until they are fixed and turns red when one is (``matrix.BUGS``).
 """
 
 from __future__ import annotations
