@@ -3,8 +3,8 @@
 Any pair a ``context_fn`` returns runs (torch's SAC modes, the user's own). sac2's own pairs (its dispatch modes,
 ``sac2.modes``, and the dispatch-free region contexts, ``sac2.record.regions``) also meet these protocols, and the
 frame then does more with them: it tells the forward context which user saved-tensor hooks what it saves goes
-through (frame rule 7) and asks it whether it saved anything (torch's FutureWarning), and early stop asks the
-replay which op to finish first. The frame imports no mode and no record: these protocols are the whole contract.
+through (frame rule 7), asks it whether the checkpoint's inputs go to host memory (rule 9) and whether it saved
+anything (torch's FutureWarning), and early stop asks the replay which op to finish first. The frame imports no mode and no record: these protocols are the whole contract.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ class SelectiveForward(Protocol):
 
     #: The user's saved-tensor hooks what it saves goes through, or None: set by the frame before it enters.
     saved_tensors_hooks: _compat.HookPair | None
+    #: Whether the checkpoint's inputs go to host memory (``sac2.offload``): read by the frame as it starts.
+    offload_inputs: bool
 
     def saves_anything(self) -> bool:
         """Whether the forward saved something (asked once it ended)."""

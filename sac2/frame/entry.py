@@ -125,7 +125,8 @@ class _Forward:
             count_forward()  # full AC on sac2's frame; a selective forward counts when its context enters
         early_stop = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
         # The policy's contexts may ask for the inputs in host memory (``sac2.offload``): what full AC keeps.
-        offload_inputs = getattr(forward_context, "offload_inputs", False) is True
+        sac2s = selective(forward_context)
+        offload_inputs = sac2s is not None and sac2s.offload_inputs
         block = schedule.begin(args)  # left as this forward ends or raises
         try:
             frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
