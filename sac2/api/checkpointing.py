@@ -26,7 +26,7 @@ from sac2.record.record import Record
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["checkpoint", "create_selective_checkpoint_contexts"]
+__all__ = ["checkpoint", "create_selective_checkpoint_contexts", "OPTIONS"]
 
 T = TypeVar("T")
 ContextFn = _compat.ContextFn
@@ -202,6 +202,8 @@ class _Checkpointed:
 
 #: torch's checkpoint parameters, which a function's own keyword arguments must not be confused with.
 _OPTIONS = frozenset(_Options.__annotations__)
+#: The same, in the order ``checkpoint`` takes them: what ``apply_ac`` passes on.
+OPTIONS = ("use_reentrant", *_compat.FrameOptions.__annotations__)
 #: torch 2.14+ takes ``respect_saved_tensors_hooks`` (for its own SAC modes); torch 2.13 would hand it to the
 #: checkpointed function as a keyword argument.
 _TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(_tuc.checkpoint).parameters

@@ -28,7 +28,7 @@ covers the same module in every block.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from torch import nn
 from torch.compiler import is_compiling
@@ -42,7 +42,9 @@ from sac2.regions import module_class
 from sac2.regions.calls import call_region, region_key, traced_region
 from sac2.regions.matmuls import matmuls_as_regions
 
-__all__ = ["ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_name_of"]
+__all__ = [
+    "ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "unmake_regions", "region_name_of",
+]
 
 ATTENTION, LINEAR, EXPERTS = "attention", "linear", "experts"
 #: What ``mode="regions"`` saves by default: every matmul and attention, ``llm()``'s choice made in regions. It
@@ -143,6 +145,17 @@ def make_regions(model: nn.Module, blocks: Sequence[tuple[str, nn.Module]], save
         chosen.update(_attention(model, blocks))
     _refuse_nesting(chosen)
     return [region_key(n) for n in sorted(_make_region_modules(chosen))]
+
+
+def unmake_regions(block: nn.Module, keep: Collection[str]) -> None:
+    """Make the module regions inside ``block`` whose names are not in ``keep`` plain modules again (in place): a
+    region no policy saves only costs its calls. A transformers attention interface stays a region."""
+    for module in block.modules():
+        name = region_name_of(module)
+        if name is not None and name not in keep:
+            del vars(module)["_sac2_region"]
+            module_class.restore_class(module, REGION)
+            module_class.restore_class(module, MATMULS)
 
 
 def _matching_modules(blocks: Sequence[tuple[str, nn.Module]], modules: list[Target]) -> tuple[Chosen, set[int]]:
