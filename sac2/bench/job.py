@@ -119,7 +119,7 @@ def run(
                 before()
                 forward(tokens, targets).backward()
                 model.zero_grad(set_to_none=True)
-        progress = Progress((steps + 1) * len(modes))
+        progress = Progress((steps + 1) * len(modes), "sac2 bench")
         for step in range(steps + 1):
             tokens, targets = random_tokens(cfg, gen, dev)
             losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)

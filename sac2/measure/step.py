@@ -40,18 +40,28 @@ class Result:
 
 
 class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+    """Progress on stderr: a one-line bar on a terminal; elsewhere (a log, a pipe) a line every ``EVERY`` seconds,
+    so that a long run shows it is running. ``total`` may grow while it runs (more rounds)."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.on = total, 0, sys.stderr.isatty()
+    #: Seconds between two progress lines off a terminal.
+    EVERY = 10.0
+
+    def __init__(self, total: int, label: str = "sac2") -> None:
+        self.total, self.done, self.label, self.tty = total, 0, label, sys.stderr.isatty()
+        self.last = time.monotonic()
 
     def step(self) -> None:
         self.done += 1
-        if self.on:
-            filled = 30 * self.done // self.total
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
-            if self.done == self.total:
+        total = max(self.total, self.done)
+        if self.tty:
+            filled = 30 * self.done // total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{total}")
+            if self.done == total:
                 sys.stderr.write("\n")
+            sys.stderr.flush()
+        elif time.monotonic() - self.last >= self.EVERY:
+            self.last = time.monotonic()
+            sys.stderr.write(f"{self.label}: {self.done}/{total} steps\n")
             sys.stderr.flush()
 
 
