@@ -47,6 +47,7 @@ class Advice:
         dominated: row name -> the row that dominates it (keeps no more, peaks no higher, faster beyond a tie).
         ties: the rows that fit whose step times tie with the fastest that fits (the recommendation keeps least).
         notes: what the run has to say about some rows (a budget that runs full AC, one made smaller to fit).
+        clock: what timed the steps (``sac2.measure.step.clock_name``).
     """
 
     rows: list[Result]
@@ -61,6 +62,7 @@ class Advice:
     dominated: dict[str, str] = field(default_factory=dict)
     ties: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    clock: str = "wall clock"
 
     def row(self, name: str) -> Result:
         """The row named ``name``."""
@@ -79,7 +81,7 @@ class Advice:
         return _fits(r, self.target_bytes, self.peak_target_bytes)
 
     def __str__(self) -> str:
-        lines = [f"sac2 advise: {len(self.rows)} setups, {self.steps}+ timed steps each, {self.device}; "
+        lines = [f"sac2 advise: {len(self.rows)} setups, {self.steps}+ timed steps each ({self.clock}), {self.device}; "
                  f"{self._targets()}", self.table(),
                  f"Pareto front (step time against kept memory; ties within {TIE:.0%}): {', '.join(self.front)}"]
         if self.references:
@@ -144,7 +146,7 @@ class Advice:
                  "ratio_to_none": r.median_s / base, "dominated_by": self.dominated.get(r.name)} for r in self.rows]
         for r in rows:
             del r["policy"]
-        payload = {"device": self.device, "steps": self.steps, "torch": torch.__version__,
+        payload = {"device": self.device, "steps": self.steps, "clock": self.clock, "torch": torch.__version__,
                    "target_bytes": self.target_bytes, "peak_target_bytes": self.peak_target_bytes, "rows": rows,
                    "skipped": self.skipped, "pareto_front": self.front, "references": self.references,
                    "ties": self.ties, "notes": self.notes, "recommended": self.recommended, "code": self.code}
@@ -204,7 +206,7 @@ def _dominator(r: Result, rows: list[Result]) -> Result | None:
 
 def recommend(
     results: list[Result], reference: Sequence[bool], skipped: dict[str, str], target: int | None, device: str,
-    steps: int, peak_target_bytes: int | None = None, notes: Sequence[str] = (),
+    steps: int, peak_target_bytes: int | None = None, notes: Sequence[str] = (), clock: str = "wall clock",
 ) -> Advice:
     """The ``Advice`` for measured rows (no checkpointing first; ``reference[i]``: row ``i`` is shown for comparison
     only), as the module doc says."""
@@ -224,5 +226,5 @@ def recommend(
         rows=results, skipped=skipped, front=front, target_bytes=target,
         recommended=None if best is None else best.name,
         references=[r.name for r, ref in zip(results, reference, strict=True) if ref], device=device, steps=steps,
-        peak_target_bytes=peak_target_bytes, dominated=dominated, ties=ties, notes=list(notes),
+        peak_target_bytes=peak_target_bytes, dominated=dominated, ties=ties, notes=list(notes), clock=clock,
     )

@@ -26,7 +26,7 @@ from sac2.advisor.advice import Advice, recommend, unsettled
 from sac2.advisor.candidates import Candidate, as_inputs, budget_candidate, call, candidates_for
 from sac2.measure.determinism import deterministic_kernels
 from sac2.measure.rotation import turns
-from sac2.measure.step import Progress, Result, take_step
+from sac2.measure.step import Progress, Result, clock_name, take_step
 
 __all__ = ["advise", "BUDGET", "DEFAULT_TARGET", "MORE", "RETRIES"]
 
@@ -115,7 +115,7 @@ def advise(
             runs.add_budget(kept, peak)
         runs.time(steps, kept, peak)
     return recommend(runs.results, [c.reference for c in runs.setups], runs.skipped, kept, str(dev), steps,
-                     peak_target_bytes=peak, notes=runs.notes)
+                     peak_target_bytes=peak, notes=runs.notes, clock=clock_name(dev))
 
 
 class _Runs:
