@@ -102,9 +102,8 @@ def run(
     torch.manual_seed(seed)
     base = Transformer(cfg).to(dev)
     gen = torch.Generator().manual_seed(seed)
-    example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, requires_grad=True)
     notes = _notes(dev)
-    modes = rows(base, example)
+    modes = rows()
     prepared = [_prepared(base, row) for row in modes]
     models, befores = [model for model, _ in prepared], [before for _, before in prepared]
     backend_ = backend if compile else None
