@@ -87,7 +87,8 @@ def apply_ac(
             ``determinism_check``, ...; a ``context_fn`` here replaces the one ``policy`` makes), nothing else.
 
     Returns:
-        The qualified names of the wrapped blocks, in model order (``[]`` for ``mode="none"``).
+        The qualified names of the wrapped blocks, in model order (``[]`` for ``mode="none"``); with a
+        ``memory_budget`` and no ``example_inputs``, the blocks the first forward wraps.
 
     Raises:
         ValueError: an unknown ``mode``; ``policy`` without ``mode="selective"``; ``save`` without
