@@ -186,6 +186,19 @@ def test_compiled_the_blocks_compile_in_one_graph_and_the_budget_holds():
     assert _step(compiled, x)[0] <= full + 0.5 * (none - full)
 
 
+def test_compiled_the_first_forward_profiles_eagerly_then_the_blocks_compile_in_one_graph():
+    model, x = Model(), _input()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*nothing a budget could keep pays")
+        sac2.apply_ac(model, memory_budget=0.5)
+        torch._dynamo.reset()
+        model.compile(backend="aot_eager", fullgraph=True)
+        _, got = _step(model, x)  # profiles, wraps, compiles: fullgraph=True raises at a graph break
+    assert isinstance(model.layers[0], sac2.CheckpointWrapper)
+    _, want = _step(Model(), x)
+    assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want, strict=True))
+
+
 class TestArguments(TestCase):
     def test_an_unknown_keyword_is_a_type_error(self):
         with self.assertRaises(TypeError) as e:

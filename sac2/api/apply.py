@@ -79,7 +79,7 @@ def apply_ac(
             nothing a budget could keep pays, the blocks run full AC and a warning says so. Default None: no budget.
         example_inputs: what ``model`` is called with to profile a ``memory_budget`` (a tuple or list:
             positional, a dict: keyword, a tensor alone); default (None) the first forward the model runs, which
-            then profiles before it runs (the blocks are wrapped from then on; pass them under torch.compile).
+            then profiles before it runs, eagerly under torch.compile too (the blocks are wrapped from then on).
         checkpoint_fn: replaces ``sac2.checkpoint`` in each block's wrapper (``sac2.checkpoint_wrapper``'s
             option), e.g. ``functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)`` to run
             torch's own frame; default (None) ``sac2.checkpoint``.

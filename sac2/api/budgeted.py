@@ -71,7 +71,9 @@ def _plan_and_wrap(
     blocks = [(fqn, getattr(parent, attr)) for parent, attr, fqn in found]
     _make_candidate_regions(model, blocks)
     device = _device(call, model)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+    # The model may be compiled already (``model.compile()``): profiling runs it as it is written.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type), \
+            torch.compiler.set_stance("force_eager"):
         inputs = _block_inputs(model, blocks, call)
         calls = [BlockCall(b, args, kwargs) for (_, b), (args, kwargs) in zip(blocks, inputs, strict=True)]
         plans = plan_blocks(calls, budget, path_costs.measure(device))
