@@ -125,7 +125,7 @@ def test_a_bfloat16_run_keeps_about_half_the_bytes_and_matches_no_checkpointing_
 
 class TestRows(TestCase):
     def _rows(self) -> list[bench.Row]:
-        return bench.rows(Transformer(CONFIGS["tiny"]), torch.randn(2, 32, 64))
+        return bench.rows()
 
     def test_rows_in_order(self):
         names = [row.name for row in self._rows()]
@@ -147,7 +147,7 @@ class TestRows(TestCase):
     def test_a_one_line_row_checkpoints_its_own_copy_with_regions_and_leaves_the_base_alone(self):
         torch.manual_seed(0)
         base = Transformer(CONFIGS["tiny"])
-        rows = {row.name: row for row in bench.rows(base, torch.randn(2, 32, 64))}
+        rows = {row.name: row for row in bench.rows()}
         expected = {"sac2 regions": {"qkv", "proj", "gate_up", "down", "attention"}, "sac2 regions attn": {"attention"}}
         for name, names in expected.items():
             model = job._model(base, rows[name])
@@ -199,7 +199,7 @@ class TestCompile(TestCase):
         stdout = io.StringIO()
         with contextlib.redirect_stdout(stdout):  # aot_eager: the inductor run's graphs, without C++ codegen time
             results, notes = bench.run("tiny", 1, compile=True, backend="aot_eager")
-        rows = bench.rows(Transformer(CONFIGS["tiny"]), torch.randn(2, 32, 64))
+        rows = bench.rows()
         self.assertEqual([r.name for r in results], [row.name for row in rows])
         self.assertEqual({r.name: (r.equal, r.check) for r in results},
                          {r.name: (True, "allclose") for r in results})
@@ -212,7 +212,7 @@ class TestCompile(TestCase):
         cfg = CONFIGS["tiny"]
         torch.manual_seed(0)
         base = Transformer(cfg)
-        rows = {row.name: row for row in bench.rows(base, torch.randn(2, 32, 64))}
+        rows = {row.name: row for row in bench.rows()}
         batch = random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))
         forwards = [job._forward(job._model(base, rows[name]), rows[name], "aot_eager", i)
                     for i, name in enumerate(["none", "full", "sac2 SAC"])]
@@ -228,7 +228,7 @@ class TestCompile(TestCase):
         cfg = CONFIGS["tiny"]
         torch.manual_seed(0)
         base = Transformer(cfg)
-        row = next(row for row in bench.rows(base, torch.randn(2, 32, 64)) if row.name == "sac2 regions")
+        row = next(row for row in bench.rows() if row.name == "sac2 regions")
         forward = job._forward(job._model(base, row), row, "aot_eager")
         forward(*random_tokens(cfg, torch.Generator().manual_seed(0), torch.device("cpu"))).backward()
         self.assertEqual(dict(torch._dynamo.utils.counters["graph_break"]), {})

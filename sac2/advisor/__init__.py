@@ -4,8 +4,9 @@ report of one policy (``sac2.explain``). A tool: the library never imports it; `
 of one of its names."""
 
 from sac2.advisor.advice import Advice
-from sac2.advisor.candidates import Candidate, advise, block_memory_budget, candidates_for
+from sac2.advisor.candidates import Candidate, block_memory_budget, candidates_for
 from sac2.advisor.report import Report, explain, plot_budgets
+from sac2.advisor.runs import advise
 
 __all__ = [
     "Advice", "Candidate", "advise", "block_memory_budget", "candidates_for", "Report", "explain", "plot_budgets",

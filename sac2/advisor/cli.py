@@ -41,7 +41,8 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2*
 
 
 def parse_memory_target(text: str) -> float | int:
-    """``--memory-target``: a fraction in (0, 1] (``0.5``) or bytes, with a unit (``200MiB``) or without (``4096``)."""
+    """``--memory-target``, ``--peak-target``: a number in [0, 1] is a fraction (``0.5``, ``1``), as in Python; bytes
+    have a unit (``200MiB``, ``1B``) or are an integer above 1 (``4096``)."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
     if match is None:
         raise argparse.ArgumentTypeError(messages.advise_bad_memory_target(text))
@@ -50,7 +51,7 @@ def parse_memory_target(text: str) -> float | int:
         if unit not in _UNITS:
             raise argparse.ArgumentTypeError(messages.advise_bad_memory_target(text))
         return int(number * _UNITS[unit])
-    if 0.0 < number <= 1.0 and ("." in match[1] or number == 1.0):
+    if 0.0 <= number <= 1.0:
         return number
     if number > 1.0 and number.is_integer():
         return int(number)
@@ -101,8 +102,13 @@ def _factory(text: str) -> tuple[str, Callable[[], Any]]:
     return text, fn
 
 
+#: What ``--help`` says the command does (plain text: argparse prints it as it is).
+DESCRIPTION = ("Measure every checkpointing setup on a Hugging Face config or a model from your own factory, side by "
+               "side, and recommend the one to use for your memory.")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sac2 advise", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sac2 advise", description=DESCRIPTION)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", type=_config, metavar="NAME_OR_PATH",
                         help=f"a Hugging Face config.json, or one of: {', '.join(CONFIGS)} (random weights)")
@@ -111,7 +117,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=positive_int, default=2, help="batch size of the random tokens (default 2)")
     parser.add_argument("--seq", type=positive_int, default=64, help="sequence length of the random tokens (64)")
     parser.add_argument("--memory-target", type=parse_memory_target, metavar="FRACTION_OR_BYTES",
-                        help="what may be kept for backward: 0.5 (of no checkpointing's), 200MiB (default 0.5)")
+                        help="what may be kept for backward: 0.5 (of what no checkpointing keeps), 200MiB (default "
+                             "0.5 unless --peak-target is given)")
+    parser.add_argument("--peak-target", type=parse_memory_target, metavar="FRACTION_OR_BYTES",
+                        help="the most a step may allocate at once: 0.8 (of no checkpointing's peak), 1GiB")
     parser.add_argument("--steps", type=positive_int, default=3, help="timed steps per setup (default 3)")
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--json", type=output_file, metavar="FILE", help="also write the advice as JSON")
@@ -150,7 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model, inputs = made, _tokens(made, args.batch, args.seq)
         else:
             parser.error(messages.advise_factory_bad_return(text, made))
-    advice = advise(model, inputs, memory_target=args.memory_target, steps=args.steps, device=args.device)
+    advice = advise(model, inputs, memory_target=args.memory_target, peak_target=args.peak_target, steps=args.steps,
+                    device=args.device)
     print(advice)
     if args.json:
         Path(args.json).write_text(advice.to_json())

@@ -22,7 +22,7 @@ from sac2.policies.profile import Profile, profile
 
 __all__ = ["Row", "Report", "explain", "plot_budgets"]
 
-#: Budgets the report's trade-off curve samples, as fractions of what saving everything keeps.
+#: Budgets the report's trade-off curve samples, as fractions of what no checkpointing keeps.
 BUDGETS = tuple(i / 10 for i in range(11))
 
 
@@ -66,6 +66,8 @@ class Report:
         kept_bytes: activation bytes the policy keeps for backward.
         total_bytes: activation bytes saving every op would keep.
         recompute_cost: what backward re-runs, in ``cost_unit``.
+        none_bytes: what the forward keeps for backward without checkpointing (its inputs, parameters and outputs
+            aside): the 100% of the curve's budget fractions.
         curve: (budget fraction, kept bytes, recompute cost) for budgets 0, 0.1, ..., 1.
         predicted_bytes: what a memory budget predicted it keeps (from the forward it profiled), when the policy
             is one; else None.
@@ -81,6 +83,7 @@ class Report:
     #: What a memory budget predicted it keeps (from the forward it profiled), when the policy is one.
     predicted_bytes: int | None = None
     regions: list[RegionRow] = field(default_factory=list)
+    none_bytes: int = 0
 
     def __str__(self) -> str:
         head = ("op", "calls", "saved B", "freed B", f"recompute ({self.cost_unit})", "decision", "rule")
@@ -212,7 +215,7 @@ def _report(prof: Profile, policy: PolicyFn) -> Report:
         row.calls += 1
         row.saved_bytes += saved_by.get(i, 0)
         row.freed_bytes += freed_by.get(i, 0)
-        if not c.saved:
+        if not c.saved and c.reached:  # recompute stops before an unreached call
             row.recompute_cost += c.cost
         if c.stale:
             rule = "stale output: sac2 recomputes it"
@@ -226,7 +229,7 @@ def _report(prof: Profile, policy: PolicyFn) -> Report:
     predicted = getattr(policy, "kept_bytes", None)
     return Report(list(rows.values()), prof.cost_unit, prof.kept_bytes(served), prof.total_bytes,
                   prof.recompute_cost(served), _curve(prof), predicted if isinstance(predicted, int) else None,
-                  _regions(prof))
+                  _regions(prof), prof.none_bytes)
 
 
 def _table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:

@@ -22,7 +22,7 @@ from sac2.record.regions import RegionForward, RegionReplay, region_only
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["checkpoint", "create_selective_checkpoint_contexts"]
+__all__ = ["checkpoint", "create_selective_checkpoint_contexts", "OPTIONS"]
 
 T = TypeVar("T")
 ContextFn = _compat.ContextFn
@@ -198,6 +198,10 @@ class _Checkpointed:
 
 #: torch's checkpoint parameters, which a function's own keyword arguments must not be confused with.
 _OPTIONS = frozenset(_Options.__annotations__)
+#: The same, in the order ``checkpoint`` takes them: what ``apply_ac`` passes on.
+OPTIONS = ("use_reentrant", *_compat.FrameOptions.__annotations__)
+
+
 def _run(
     function: Callable[..., Any],
     args: tuple[Any, ...],

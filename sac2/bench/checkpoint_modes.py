@@ -1,7 +1,8 @@
 """The checkpointing modes the bench compares, one ``Row`` each, built in one place (``rows()``, plain code).
 
 No checkpointing, full checkpointing, torch's stock SAC and sac2's SAC under the default LLM policy
-(``sac2.policies.llm()``), other sac2 policies (every other matmul, memory budgets), sac2's one-line regions on the
+(``sac2.policies.llm()``), other sac2 policies (every other matmul), memory budgets (``sac2.apply_ac(model,
+memory_budget=f)``: full AC, saved regions or an op-level budget, as the plan finds), sac2's one-line regions on the
 unmodified model (``sac2.apply_ac(model, "regions", save=...)``: the blocks' ``nn.Linear``s and attention kernel
 become regions and each block is checkpointed with a policy that names only ``sac2.Region``s, so no dispatch mode
 runs), and torch_remat (the region-based peer, when it is installed) keeping the same calls, annotated by hand in
@@ -11,6 +12,7 @@ runs), and torch_remat (the region-based peer, when it is installed) keeping the
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,9 +22,8 @@ from torch import nn
 
 import sac2
 from sac2.bench.length_curve import sac2_sac, stock_sac
-from sac2.bench.models import REGION_NAMES, RegionWrap, Transformer
+from sac2.bench.models import REGION_NAMES, RegionWrap, Transformer, random_tokens
 from sac2.policies import every_other_matmul, llm
-from sac2.policies.budget import memory_budget
 
 __all__ = ["RunBlock", "Prepare", "Row", "rows", "remat_available", "remat_region", "REGION_SAVES"]
 
@@ -92,6 +93,20 @@ def _apply_regions(save: list[str], keep_inputs: bool) -> Prepare:
     return prepare
 
 
+def _apply_budget(fraction: float) -> Prepare:
+    """``sac2.apply_ac(model, memory_budget=fraction)`` on a row's copy, profiled on a batch of the config's shape
+    (the one line chooses full AC, saved regions or an op-level budget per kind of block)."""
+
+    def prepare(model: Transformer) -> None:
+        device = next(model.parameters()).device
+        batch = random_tokens(model.cfg, torch.Generator().manual_seed(0), device)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*nothing a budget could keep pays")  # the row shows it
+            sac2.apply_ac(model, memory_budget=fraction, example_inputs=batch, blocks=model.blocks)
+
+    return prepare
+
+
 @dataclass(frozen=True)
 class Row:
     """One mode of the bench: its name, its policy in words, how it runs a block, how the model is built with its
@@ -105,7 +120,7 @@ class Row:
     prepare: Prepare | None = None
 
 
-def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
+def rows() -> list[Row]:
     """Every mode the bench runs, no checkpointing first; ``--compile`` runs the same rows compiled."""
     default = llm()
     out = [
@@ -118,8 +133,8 @@ def rows(model: Transformer, example: torch.Tensor) -> list[Row]:
     every_other = every_other_matmul()
     out.append(Row("sac2 every_other_matmul", repr(every_other), sac2_sac(every_other)))
     for fraction in (0.3, 0.5, 0.7):
-        budget = memory_budget(model.blocks[0], (example,), fraction)
-        out.append(Row(f"sac2 budget {fraction}", repr(budget), sac2_sac(budget)))
+        out.append(Row(f"sac2 budget {fraction}", f"apply_ac(model, memory_budget={fraction})", _no_checkpoint,
+                       prepare=_apply_budget(fraction)))
     # One line on the unmodified model: apply_ac wraps the blocks themselves, so run_block just calls the block.
     # Under compile a region is traced through and each of its nodes gets the policy's answer for the region.
     for name, (save, keep) in REGION_SAVES.items():

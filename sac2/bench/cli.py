@@ -46,8 +46,12 @@ def _backend(text: str) -> str:
     return text
 
 
+#: What ``--help`` says the command does (plain text: argparse prints it as it is).
+DESCRIPTION = "Train a small llama-style model under each checkpointing mode and compare them, side by side."
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sac2 bench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="sac2 bench", description=DESCRIPTION)
     parser.add_argument("--config", choices=sorted(CONFIGS), default="small", help="model and batch shape")
     parser.add_argument("--steps", type=positive_int, default=5, help="timed steps per mode (after one memory step)")
     parser.add_argument("--device", type=device_arg, default="cpu", help="cpu, cuda or cuda:N")

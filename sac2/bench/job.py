@@ -106,9 +106,8 @@ def run(
     torch.manual_seed(seed)
     base = Transformer(cfg).to(dev, dtype)
     gen = torch.Generator().manual_seed(seed)
-    example = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, device=dev, dtype=dtype, requires_grad=True)
     notes = _notes(dev)
-    modes = rows(base, example)
+    modes = rows()
     prepared = [_prepared(base, row) for row in modes]
     models, befores = [model for model, _ in prepared], [before for _, before in prepared]
     backend_ = backend if compile else None
@@ -124,7 +123,7 @@ def run(
                 before()
                 forward(tokens, targets).backward()
                 model.zero_grad(set_to_none=True)
-        progress = Progress((steps + 1) * len(modes))
+        progress = Progress((steps + 1) * len(modes), "sac2 bench")
         for step in range(steps + 1):
             tokens, targets = random_tokens(cfg, gen, dev)
             losses: list[torch.Tensor] = [torch.empty(0)] * len(modes)

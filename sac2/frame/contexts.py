@@ -1,10 +1,11 @@
 """What sac2's frame asks of a selective policy's (forward, recompute) pair of contexts, written as protocols.
 
 Any pair a ``context_fn`` returns runs (torch's SAC modes, the user's own). sac2's own pairs (its dispatch modes,
-``sac2.modes``, and the dispatch-free region contexts, ``sac2.record.regions``) also meet these protocols, and the
-frame then does more with them: it tells the forward context which user saved-tensor hooks what it saves goes
-through (frame rule 7), asks it whether the checkpoint's inputs go to host memory (rule 9) and whether it saved
-anything (torch's FutureWarning), and early stop asks the replay which op to finish first. The frame imports no mode and no record: these protocols are the whole contract.
+``sac2.modes``, and the dispatch-free region contexts, ``sac2.record.regions``) also meet these protocols, and the frame
+then does more with them: it tells the forward context which user saved-tensor hooks what it saves goes through (frame
+rule 7), asks it whether the checkpoint's inputs go to host memory (rule 9) and whether it saved anything (torch's
+FutureWarning), and early stop asks the replay which op to finish first. The frame imports no mode and no record: these
+protocols are the whole contract.
 """
 
 from __future__ import annotations

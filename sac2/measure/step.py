@@ -15,7 +15,7 @@ from torch import nn
 
 from sac2.measure.memory import measure_step
 
-__all__ = ["Result", "Progress", "take_step", "grads_equal", "ATOL", "RTOL"]
+__all__ = ["Result", "Progress", "take_step", "clock", "clock_name", "grads_equal", "ATOL", "RTOL"]
 
 #: Tolerances of the correctness check under compile (eager is bitwise).
 ATOL, RTOL = 1e-5, 1e-4
@@ -40,18 +40,28 @@ class Result:
 
 
 class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal."""
+    """Progress on stderr: a one-line bar on a terminal; elsewhere (a log, a pipe) a line every ``EVERY`` seconds,
+    so that a long run shows it is running. ``total`` may grow while it runs (more rounds)."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.on = total, 0, sys.stderr.isatty()
+    #: Seconds between two progress lines off a terminal.
+    EVERY = 10.0
+
+    def __init__(self, total: int, label: str = "sac2") -> None:
+        self.total, self.done, self.label, self.tty = total, 0, label, sys.stderr.isatty()
+        self.last = time.monotonic()
 
     def step(self) -> None:
         self.done += 1
-        if self.on:
-            filled = 30 * self.done // self.total
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total}")
-            if self.done == self.total:
+        total = max(self.total, self.done)
+        if self.tty:
+            filled = 30 * self.done // total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{total}")
+            if self.done == total:
                 sys.stderr.write("\n")
+            sys.stderr.flush()
+        elif time.monotonic() - self.last >= self.EVERY:
+            self.last = time.monotonic()
+            sys.stderr.write(f"{self.label}: {self.done}/{total} steps\n")
             sys.stderr.flush()
 
 
@@ -70,22 +80,35 @@ def grads_equal(
     return all(_same(p.grad, q.grad, bitwise) for p, q in zip(model.parameters(), ref_model.parameters(), strict=True))
 
 
+def clock(device: torch.device) -> Callable[[], float]:
+    """What a step is timed by: on the CPU with one intra-op thread, the process's CPU time, which is the step's own
+    work whatever else the machine runs (other jobs only make it wait, and on a shared machine swamp the differences
+    measured); else the wall clock."""
+    return time.process_time if device.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
+
+
+def clock_name(device: torch.device) -> str:
+    """How ``clock(device)`` reads time, for a report: ``"cpu time"`` or ``"wall clock"``."""
+    return "cpu time" if clock(device) is time.process_time else "wall clock"
+
+
 def take_step(
     forward: Callable[[], torch.Tensor], result: Result, device: torch.device, first: bool,
     then: Callable[[], object] = lambda: None,
 ) -> torch.Tensor:
     """One training step of one row, its loss: the first measures the memory it keeps and its peak (untimed), each
-    later one is timed, ``then`` (the optimizer's step) included."""
+    later one is timed by ``clock(device)``, ``then`` (the optimizer's step) included."""
     if first:
         memory, loss = measure_step(forward, device)
         result.kept_bytes, result.peak_bytes = memory.kept, memory.peak
         return loss
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    now = clock(device)
     sync()
-    start = time.perf_counter()
+    start = now()
     loss = forward()
     loss.backward()
     then()
     sync()
-    result.step_s.append(time.perf_counter() - start)
+    result.step_s.append(now() - start)
     return loss

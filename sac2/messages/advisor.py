@@ -15,10 +15,10 @@ __all__ = [
 ]
 
 
-def advise_nothing_fits(target: str, least: str, least_kept: str) -> str:
+def advise_nothing_fits(targets: str, least: str, least_kept: str, least_peak: str) -> str:
     return (
-        f"recommended: nothing: no setup keeps at most {target}; the least is {least} ({least_kept} kept). "
-        "Raise the target or try more setups (candidates=[...])."
+        f"recommended: nothing: no setup fits the {targets}; the least is {least} ({least_kept} kept, {least_peak} "
+        "peak). Raise the target or try more setups (candidates=[...])."
     )
 
 
@@ -35,8 +35,8 @@ def advise_no_loss(output: object) -> str:
 
 def advise_bad_target(target: object) -> str:
     return (
-        f"sac2.advise: memory_target must be bytes (an int >= 0) or a fraction in (0, 1] of what no checkpointing "
-        f"keeps (a float), got {target!r}."
+        f"sac2.advise: a memory target must be a fraction in [0, 1] of what no checkpointing keeps (or of its peak, "
+        f"for peak_target) or bytes (an int above 1), got {target!r}."
     )
 
 
@@ -95,7 +95,7 @@ def advise_factory_bad_return(text: str, result: object) -> str:
 
 def advise_bad_memory_target(text: str) -> str:
     return (
-        "must be a fraction in (0, 1] of what no checkpointing keeps (e.g. 0.5) or bytes "
+        "must be a fraction in [0, 1] of what no checkpointing keeps (e.g. 0.5) or bytes "
         f"with a unit (e.g. 200MiB, 1.5GiB, 300MB, 4096B), got {text!r}"
     )
 

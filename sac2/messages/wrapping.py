@@ -15,7 +15,9 @@ __all__ = [
     "apply_ac_bad_mode", "apply_ac_policy_needs_selective", "apply_ac_save_needs_regions", "apply_ac_bad_every",
     "apply_ac_checkpointed_twice", "APPLY_AC_CONTAINER_NOT_SUBMODULE", "apply_ac_blocks_is_one_name",
     "APPLY_AC_PREDICATE_MATCHED_NOTHING", "apply_ac_no_such_submodule", "APPLY_AC_NO_CONTAINER",
-    "apply_ac_several_containers", "REGIONS_NOTHING_TO_SAVE", "regions_bad_target", "pattern_matches_nothing",
+    "apply_ac_several_containers", "apply_ac_unknown_keywords", "apply_ac_budget_with",
+    "APPLY_AC_EXAMPLE_INPUTS_ALONE", "apply_ac_budget_keeps_full_ac", "apply_ac_block_not_called",
+    "REGIONS_NOTHING_TO_SAVE", "regions_bad_target", "pattern_matches_nothing",
     "NO_ATTENTION_CALL", "nested_regions", "region_is_checkpointed", "region_holds_checkpoints",
     "region_is_container", "region_forward_on_instance", "mode_above_sac2_modes", "not_an_op_path",
     "not_a_wrap_policy", "INSTALL_UNINSTALLED", "install_rebound", "torchtitan_blocks_unwrapped",
@@ -95,6 +97,40 @@ APPLY_AC_NO_CONTAINER = (
 
 def apply_ac_several_containers(fqns: Sequence[str]) -> str:
     return f"sac2.apply_ac: several containers could hold the blocks: {fqns}; pass blocks=."
+
+
+def apply_ac_unknown_keywords(names: Sequence[str], known: Sequence[str]) -> str:
+    """Led by Python's own words for an unexpected keyword argument."""
+    return (
+        f"sac2.apply_ac() got unexpected keyword arguments {list(names)}: besides its own arguments it takes "
+        f"sac2.checkpoint's options only ({', '.join(known)}), never the blocks' forward arguments."
+    )
+
+
+def apply_ac_budget_with(what: str) -> str:
+    return (
+        f"sac2.apply_ac: memory_budget= chooses what each block keeps, so it takes no {what}; drop one of them."
+    )
+
+
+APPLY_AC_EXAMPLE_INPUTS_ALONE = (
+    "sac2.apply_ac: example_inputs= are what a memory_budget= is profiled on; pass memory_budget= too, or drop "
+    "example_inputs=."
+)
+
+
+def apply_ac_budget_keeps_full_ac(budget: float | int, device: str) -> str:
+    return (
+        f"sac2.apply_ac: memory_budget={budget}: nothing a budget could keep pays on this {device} (keeping it costs "
+        f"more on sac2's path than recomputing it saves), so every block runs full AC and keeps only its inputs."
+    )
+
+
+def apply_ac_block_not_called(block: str) -> str:
+    return (
+        f"sac2.apply_ac: block {block!r} did not run when the model was called on the inputs a memory_budget is "
+        f"profiled on; pass example_inputs= that run every block, or blocks= that run."
+    )
 
 
 REGIONS_NOTHING_TO_SAVE = "sac2.apply_ac: mode='regions' needs at least one thing to save (save=...)."

@@ -13,15 +13,15 @@ FLOP per output element.
 from __future__ import annotations
 
 import dataclasses
-import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
 
 from sac2 import _compat, messages
-from sac2._compat import TorchDispatchMode, tree_leaves
+from sac2._compat import tree_leaves
 from sac2.core import keys, writes
 from sac2.core.decisions import (
     CheckpointPolicy,
@@ -34,6 +34,7 @@ from sac2.core.decisions import (
 )
 from sac2.core.opinfo import IGNORE, VIEW, OpInfo, info
 from sac2.modes.forward import CachingMode
+from sac2.policies.counters import Counter, FlopCount, TimeCount
 from sac2.record import region_saves
 from sac2.record.record import Record
 from sac2.record.regions import RegionCall
@@ -56,7 +57,10 @@ class OpCall:
     ``keep_inputs=True`` would keep). ``view``: a view op (never
     saved: re-running it is free). ``stale``: the forward would not keep it although asked to (a later op writes
     into its output, or it wrote where sac2 cannot see). ``decision``: the policy's answer, when profiled with one;
-    ``saved``: whether the forward kept it.
+    ``saved``: whether the forward kept it. ``ops``: how many ops the call ran (a region's body runs several), each
+    of which costs recompute its dispatch besides its kernel (``sac2.policies.path_costs``). ``reached``: whether
+    recompute gets to the call: it stops once the last tensor autograd saved is back (early stop), so a call from
+    there on never runs again and keeping it saves nothing.
     """
 
     key: keys.Key
@@ -70,20 +74,30 @@ class OpCall:
     saved: bool = False
     outputs: tuple[int, ...] = ()
     rebuilt: tuple[int, ...] = ()
+    ops: int = 1
+    reached: bool = True
 
 
 @dataclass
 class Profile:
-    """The op calls of one forward, the bytes of each activation storage they hold, and the cost unit."""
+    """The op calls of one forward, the bytes of each activation storage they hold, and the cost unit.
+
+    ``none_bytes``: what the forward keeps for backward without checkpointing (the storages autograd saves, but
+    the inputs', parameters' and outputs'): the 100% a budget fraction refers to. ``free``: the storages of the
+    forward's outputs, which whoever runs it keeps anyway (a block's output is the next block's checkpoint input),
+    so saving the calls that hold them costs no memory. Both default to nothing for profiles pickled by sac2 0.4.
+    """
 
     calls: list[OpCall]
     storage_bytes: list[int]
     cost_unit: str  # "s" (measured) or "flop" (estimated)
     policy: Policy | None = field(default=None, repr=False)
+    none_bytes: int = 0
+    free: tuple[int, ...] = ()
 
     @property
     def total_bytes(self) -> int:
-        """Activation bytes kept by saving every op: the 100% that a budget fraction refers to."""
+        """Activation bytes kept by saving every op (outputs no backward reads included)."""
         return self.kept_bytes(range(len(self.calls)))
 
     def kept_bytes(self, saved: Iterable[int]) -> int:
@@ -92,9 +106,9 @@ class Profile:
         return sum(self.storage_bytes[s] for s in kept)
 
     def recompute_cost(self, saved: Iterable[int]) -> float:
-        """Cost of the calls that backward re-runs when ``saved`` are saved."""
+        """Cost of the calls that backward re-runs when ``saved`` are saved (up to where recompute stops)."""
         served = {i for i in saved if not self.calls[i].stale}
-        return sum(c.cost for i, c in enumerate(self.calls) if i not in served)
+        return sum(c.cost for i, c in enumerate(self.calls) if i not in served and c.reached)
 
     @property
     def saved(self) -> list[int]:
@@ -128,14 +142,15 @@ def profile(
         cost = "flops" if any(_unmeasurable(t) for t in tree_leaves(inputs) if isinstance(t, Tensor)) else "time"
     if cost not in ("time", "flops"):
         raise ValueError(messages.profile_bad_cost(cost))
-    counter = _FlopCount() if cost == "flops" else _TimeCount(inputs)
+    counter: Counter = FlopCount() if cost == "flops" else TimeCount(inputs)
     record = Record()
     mode = _Profiling(as_policy(policy) if policy is not None else _save_everything, record, counter)
     with counter, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # what the forward warns about shows in the profile (stale calls)
-        with mode:
-            fn(*inputs)
-    return _read(mode, record, inputs, fn, "s" if cost == "time" else "flop", policy)
+        # What autograd saves outside regions (a region's body notes its own: innermost hooks win).
+        with mode, torch.autograd.graph.saved_tensors_hooks(_WeakPack(mode.note_saved), _compat.as_is):
+            out = fn(*inputs)
+    return _read(mode, record, inputs, fn, "s" if cost == "time" else "flop", policy, out)
 
 
 def _unmeasurable(t: Tensor) -> bool:
@@ -154,7 +169,7 @@ class _Profiling(CachingMode):
 
     save_list_fast_path = False  # ask the policy about every call (a save list too)
 
-    def __init__(self, policy: PolicyFn, record: Record, counter: _FlopCount | _TimeCount) -> None:
+    def __init__(self, policy: PolicyFn, record: Record, counter: Counter) -> None:
         super().__init__(policy, record)
         self.answers: dict[int, CheckpointPolicy] = {}
         self.costs: dict[int, float] = {}
@@ -162,7 +177,18 @@ class _Profiling(CachingMode):
         self.region_rebuilt: dict[int, list[Tensor]] = {}  # of those, what recompute rebuilds from its inputs
         self.outside: set[int] = set()
         self.made: set[int] = set()
+        self.autograd_saved: dict[int, int] = {}  # storage -> bytes, of what backward reads without checkpointing
+        self.ops: dict[int, int] = {}
+        self.stop = 0  # the record's length at autograd's last pack: where an early-stopping recompute ends
+        self.region_notes: dict[int, _RegionNotes] = {}
         self.counter = counter
+
+    def note_saved(self, t: Tensor) -> None:
+        """Note what autograd saves (what no checkpointing would keep). An op packs its inputs before the mode
+        records it, its outputs after."""
+        self.stop = len(self.record.log)
+        if _compat.parameter_of(t) is None:
+            self.autograd_saved[storage_key(t)] = t.untyped_storage().nbytes()
 
     def decide(
         self, func: _compat.Op, op: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: object, call_index: int
@@ -178,17 +204,18 @@ class _Profiling(CachingMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         log = self.record.log
-        n, start = len(log), self.counter.total
+        n, start, ops = len(log), self.counter.total, self.counter.ops
         if info(func).kind != IGNORE:  # detach and metadata queries read no data (sac2's own keep() detaches)
             self._note_inputs(args, kwargs)
         out = CachingMode.__torch_dispatch__(self, func, types, args, kwargs)
         if len(log) > n:
             self.costs[n] = 0.0 if info(func).kind == VIEW else self.counter.total - start
+            self.ops[n] = self.counter.ops - ops
         self._note_outputs(out)
         return out
 
     def region(self, call: RegionCall) -> Any:
-        n, start = len(self.record.log), self.counter.total
+        n, start, ops = len(self.record.log), self.counter.total, self.counter.ops
         self._note_inputs(call.args, call.kwargs)
         state: list[Tensor] = []
         rebuilt: list[Tensor] = []
@@ -197,23 +224,16 @@ class _Profiling(CachingMode):
         keep = region_saves.keeps_inputs(call.key, self.keep_inputs)
         inputs = [] if keep else writes.tensor_versions(call.args, call.kwargs)
 
-        def note(t: Tensor) -> Tensor:
-            if _compat.parameter_of(t) is not None:
-                return t  # a parameter the body reads (or a view of one) is not an activation
-            if not inputs or region_saves.rebuilds(t, inputs) is None:
-                state.append(t)
-            else:
-                rebuilt.append(t)
-            return t
-
+        notes = self.region_notes[n] = _RegionNotes(_WeakPack(self.note_saved), state, rebuilt, inputs)
         body = call.body
 
         def noting(*a: Any, **k: Any) -> Any:  # the body, noting what autograd keeps in it (innermost hooks)
-            with torch.autograd.graph.saved_tensors_hooks(note, _compat.as_is):
+            with torch.autograd.graph.saved_tensors_hooks(_WeakPack(notes.note), _compat.as_is):
                 return body(*a, **k)
 
         out = super().region(dataclasses.replace(call, body=noting))
         self.costs[n] = self.counter.total - start
+        self.ops[n] = self.counter.ops - ops
         self._note_outputs(out)
         return out
 
@@ -232,6 +252,40 @@ class _Profiling(CachingMode):
                 self.made.add(storage_key(t))
 
 
+class _WeakPack:
+    """A pack hook that notes what autograd saves through a weak reference, and keeps nothing (the profile runs no
+    backward). Autograd keeps the pack hook with every tensor packed under it, so a strong reference from the hook
+    to the profile's record, which holds the forward's outputs and through them their graph, would be a cycle
+    through autograd that the collector cannot see: every profile would leak its forward."""
+
+    __slots__ = ("note",)
+
+    def __init__(self, note: Callable[[Tensor], None]) -> None:
+        self.note = weakref.WeakMethod(note)
+
+    def __call__(self, t: Tensor) -> None:
+        note = self.note()
+        if note is not None:
+            note(t)
+
+
+class _RegionNotes:
+    """What one region's body saved for backward: its state, or (a view of) one of its inputs, which recompute
+    rebuilds (``sac2.record.region_saves``). It reaches the profile weakly too (no cycle for the collector)."""
+
+    def __init__(self, saved: _WeakPack, state: list[Tensor], rebuilt: list[Tensor], inputs: list[Any]) -> None:
+        self.saved, self.state, self.rebuilt, self.inputs = saved, state, rebuilt, inputs
+
+    def note(self, t: Tensor) -> None:
+        self.saved(t)
+        if _compat.parameter_of(t) is not None:
+            return  # a parameter the body reads (or a view of one) is not an activation
+        if not self.inputs or region_saves.rebuilds(t, self.inputs) is None:
+            self.state.append(t)
+        else:
+            self.rebuilt.append(t)
+
+
 def _read(
     mode: _Profiling,
     record: Record,
@@ -239,9 +293,11 @@ def _read(
     fn: Callable[..., Any],
     unit: str,
     policy: Policy | None,
+    out: object,
 ) -> Profile:
-    """The profile of a finished forward, from its record."""
+    """The profile of a finished forward, from its record and what it returned (``out``)."""
     outside = mode.outside | outside_storages(fn, inputs)
+    returned = {storage_key(t) for t in tree_leaves(out) if isinstance(t, Tensor)} - outside
     storage_ids: dict[int, int] = {}
     storage_bytes: list[int] = []
     counts: dict[keys.Key, int] = {}
@@ -280,8 +336,10 @@ def _read(
         asked = answer is not None and is_save(answer) and not view
         calls.append(OpCall(key, index, op_name(key), tuple(storages), mode.costs.get(i, 0.0), view,
                             asked and not keepable, answer if policy is not None else None, asked and keepable,
-                            tuple(outputs), tuple(rebuilt)))
-    return Profile(calls, storage_bytes, unit, policy)
+                            tuple(outputs), tuple(rebuilt), mode.ops.get(i, 1), i < mode.stop))
+    none_bytes = sum(n for k, n in mode.autograd_saved.items() if k not in outside and k not in returned)
+    free = tuple(sorted(storage_ids[k] for k in returned if k in storage_ids))
+    return Profile(calls, storage_bytes, unit, policy, none_bytes, free)
 
 
 def outside_storages(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> set[int]:
@@ -290,66 +348,3 @@ def outside_storages(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> set[int
     if isinstance(fn, torch.nn.Module):
         found |= {storage_key(t) for t in (*fn.parameters(), *fn.buffers())}
     return found
-
-
-class _FlopCount(TorchDispatchMode):
-    """Adds up estimated FLOPs of every op below the profile: torch's formula where it has one, else one per
-    output element. A HOP counts as one op (its body runs below this mode, unseen)."""
-
-    supports_higher_order_operators = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.total = 0.0
-
-    def __torch_dispatch__(
-        self,
-        func: _compat.Op,
-        types: tuple[type, ...],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        if not (isinstance(func, _compat.OpOverload) and (func.is_view or info(func).kind == IGNORE)):
-            packet = _compat.op_packet(func)
-            formula = _compat.flop_formula(_SAME_FLOPS_AS.get(packet, packet))
-            self.total += formula(*args, **kwargs, out_val=out) if formula is not None else _numel(out)
-        return out
-
-
-class _TimeCount(TorchDispatchMode):
-    """Adds up the wall time of every op below the profile, synchronising the inputs' accelerators around each."""
-
-    supports_higher_order_operators = True
-
-    def __init__(self, inputs: tuple[Any, ...]) -> None:
-        super().__init__()
-        self.total = 0.0
-        self.devices = {t.device for t in tree_leaves(inputs) if isinstance(t, Tensor) and t.device.type != "cpu"}
-
-    def __torch_dispatch__(
-        self,
-        func: _compat.Op,
-        types: tuple[type, ...],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        for d in self.devices:
-            torch.accelerator.synchronize(d)
-        start = time.perf_counter()
-        out = func(*args, **(kwargs or {}))
-        for d in self.devices:
-            torch.accelerator.synchronize(d)
-        self.total += time.perf_counter() - start
-        return out
-
-
-#: torch's FLOP counter knows flash attention on CUDA but not the CPU kernel, which takes the same q, k, v first.
-_SAME_FLOPS_AS: dict[_compat.OpOverloadPacket | _compat.HigherOrderOperator, _compat.OpOverloadPacket] = {
-    _compat.SDPA_FLASH_CPU: _compat.SDPA_FLASH,
-}
-
-
-def _numel(out: object) -> int:
-    return sum(t.numel() for t in tree_leaves(out) if isinstance(t, Tensor))

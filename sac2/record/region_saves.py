@@ -292,7 +292,7 @@ class _KeepAll:
 class _Saves:
     """The saved-tensor hooks a saved region's body runs under in forward: a save that is (a view of) an input goes to
     the checkpoint's hooks beneath (which keep a position, not the tensor), shared with an earlier save of the same view
-    (``sac2.record.region_sharing``); anything else is kept for real. Autograd keeps a ``Shared`` or a ``Kept``.
+    (``Forward``, below); anything else is kept for real. Autograd keeps a ``Shared`` or a ``Kept``.
     """
 
     __slots__ = ("inputs", "beneath_pack", "beneath_unpack", "forward", "count", "numbers", "specs", "block")

@@ -28,7 +28,7 @@ covers the same module in every block.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Collection, Iterable, Sequence
 
 from torch import nn
 
@@ -41,7 +41,8 @@ from sac2.regions.calls import call_region, module_region, region_key
 from sac2.regions.matmuls import matmuls_as_regions
 
 __all__ = [
-    "ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "region_keys", "region_name_of",
+    "ATTENTION", "LINEAR", "EXPERTS", "DEFAULT_SAVE", "Target", "make_regions", "unmake_regions", "region_keys",
+    "region_name_of",
 ]
 
 ATTENTION, LINEAR, EXPERTS = "attention", "linear", "experts"
@@ -132,6 +133,17 @@ def region_keys(blocks: Sequence[tuple[str, nn.Module]], targets: Iterable[Targe
     if ATTENTION in targets:
         names.add(ATTENTION)
     return [region_key(n) for n in sorted(names)]
+
+
+def unmake_regions(block: nn.Module, keep: Collection[str]) -> None:
+    """Make the module regions inside ``block`` whose names are not in ``keep`` plain modules again (in place): a
+    region no policy saves only costs its calls. A transformers attention interface stays a region."""
+    for module in block.modules():
+        name = region_name_of(module)
+        if name is not None and name not in keep:
+            del vars(module)["_sac2_region"]
+            module_class.restore_class(module, REGION)
+            module_class.restore_class(module, MATMULS)
 
 
 def _matching_modules(blocks: Sequence[tuple[str, nn.Module]], modules: list[Target]) -> tuple[Chosen, set[int]]:

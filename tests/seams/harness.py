@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -306,6 +307,10 @@ def apply_route(cell: Cell, p: Problem) -> sac2.integrations.Installation | None
         elif kind in ("regions", "regions_keep_inputs"):
             sac2.apply_ac(model, "regions", save=["attention", "linear"], keep_inputs=kind == "regions_keep_inputs",
                           offload=offload, **_respect(cell))
+        elif kind == "budget_apply_ac":
+            with warnings.catch_warnings():  # a plan that keeps nothing says so: full AC is a cell like any other
+                warnings.filterwarnings("ignore", message=".*nothing a budget could keep pays")
+                sac2.apply_ac(model, memory_budget=0.5, example_inputs=p.inputs, **_respect(cell))
         else:
             sac2.apply_ac(model, "selective", policy=make_policy(kind, p), offload=offload, **_respect(cell))
         return None

@@ -59,6 +59,7 @@ POLICIES = (
     "torchtitan",  # sac2.policies.torchtitan(model); torchtitan's own SelectiveAC on the torchtitan route
     "compose",  # compose(recompute_linears(model, [...]), llm())
     "budget",  # sac2.policies.memory_budget(block, inputs, 0.5, cost="flops"), profiled in eager
+    "budget_apply_ac",  # sac2.apply_ac(model, memory_budget=0.5, example_inputs=...): a plan per kind of block
     "regions",  # a save list of only sac2.Regions (the model's calls made regions); their inputs rebuilt
     "regions_keep_inputs",  # the same, keep_inputs=True: what the regions' bodies save of their inputs kept for real
     "offload",  # MUST_CPU_OFFLOAD for matmuls
@@ -165,6 +166,25 @@ RULES: tuple[Rule, ...] = (
         "torchtitan's apply_ac takes torchtitan's AC config, which has no context_fn: the route only runs full AC "
         "(FullAC) and torchtitan's own selective policy (SelectiveAC, the 'torchtitan' policy).",
         lambda c: c.route == "torchtitan" and c.policy not in ("full", "torchtitan"),
+    ),
+    Rule(
+        "exclude",
+        "Only sac2.apply_ac takes memory_budget=: on the other routes the user builds the context_fn from a budget "
+        "policy (the 'budget' policy).",
+        lambda c: c.policy == "budget_apply_ac" and c.route != "apply_ac",
+    ),
+    Rule(
+        "exclude",
+        "What apply_ac(memory_budget=) chooses per block (full AC, saved regions, an op-level budget) is timed on the "
+        "machine, so whether a compiled cell runs sac2's modes or torch's own full AC is not known before it runs; "
+        "tests/test_apply_budget.py compiles a budget with fullgraph=True and checks that its bytes hold.",
+        lambda c: c.policy == "budget_apply_ac" and c.compiled,
+    ),
+    Rule(
+        "exclude",
+        "apply_ac takes a memory_budget or an offload list, not both (a budget prices keeping on the device; it "
+        "raises ValueError for the pair).",
+        lambda c: c.policy == "budget_apply_ac" and c.offload != "none",
     ),
     Rule(
         "exclude",
