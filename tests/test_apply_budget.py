@@ -226,6 +226,11 @@ sac2.apply_ac: example_inputs= are what a memory_budget= is profiled on; pass me
         self.assertExpectedInline(str(e.exception), """\
 sac2.apply_ac: memory_budget= chooses what each block keeps, so it takes no policy=; drop one of them.""")
 
+    def test_a_budget_takes_no_offload(self):
+        with self.assertRaises(ValueError) as e:
+            sac2.apply_ac(Model(), memory_budget=0.5, offload=["inputs"])
+        self.assertExpectedInline(str(e.exception), """sac2.apply_ac: memory_budget= chooses what each block keeps, so it takes no offload=; drop one of them.""")  # noqa: E501
+
     def test_a_budget_above_one_must_be_bytes(self):
         with pytest.raises(ValueError, match="must be in \\[0, 1\\], got 1.5; pass an int for bytes"):
             sac2.apply_ac(Model(), memory_budget=1.5)
