@@ -111,7 +111,8 @@ class _Forward:
         early_stop = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
         frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
                       o["early_stop"] if early_stop is None else early_stop)
-        if o["debug"] or _compat.checkpoint_debug_override():
+        debug = _compat.checkpoint_debug_override()  # torch.utils.checkpoint.set_checkpoint_debug_enabled, if in effect
+        if o["debug"] if debug is None else debug:
             frame.trace = OpTrace()
             forward_context = frame.trace.around(forward_context)
         return cls(frame, forward_context, warn_bypassed)

@@ -105,7 +105,7 @@ class RegionReplay(_Context):
         self.record.end_recompute()
         cursor, n = self._cursor, len(self.record.log)
         if exc_type is None and cursor < n:
-            raise RuntimeError(messages.regions_ended_early(cursor, n, self.record.describe(cursor)))
+            raise messages.RecomputeDiverged(messages.regions_ended_early(cursor, n, self.record.describe(cursor)))
 
 
 def region_only(policy: object) -> SaveList | None:

@@ -64,7 +64,7 @@ def replay_region(record: Record, i: int, call: RegionCall) -> Any:
         return call.run()
     if type(entry) is not Saved or entry.key is not key:
         ran = record.describe(i) if entry is not None else f"only {len(log)} ops"
-        raise RuntimeError(messages.region_diverged(i, ran, key.name))
+        raise messages.RecomputeDiverged(messages.region_diverged(i, ran, key.name))
     if entry.unseen_writes:
         return region_saves.rerun(entry, call)  # forward kept its backward state (but what it rebuilds)
     if entry.modified():
