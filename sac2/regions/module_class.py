@@ -14,27 +14,31 @@ from torch import nn
 
 __all__ = ["register_kind", "swap_class", "restore_class", "is_kind"]
 
-#: kind (the class-name prefix) -> the forward its subclasses get: ``forward(self, parent_forward, *args, **kwargs)``.
-_kinds: dict[str, Callable[..., Any]] = {}
+#: kind (the class-name prefix) -> the forward its subclasses get, ``forward(self, parent_forward, *args, **kwargs)``,
+#: and whether ``parent_forward`` is bound to the module (else the class's function, called with the module first).
+_kinds: dict[str, tuple[Callable[..., Any], bool]] = {}
 _classes: dict[tuple[type, str], type] = {}
 
 
-def register_kind(kind: str, forward: Callable[..., Any]) -> None:
-    """Declare a kind of subclass: ``forward(module, parent_forward, *args, **kwargs)`` replaces the forward."""
-    _kinds[kind] = forward
+def register_kind(kind: str, forward: Callable[..., Any], bound: bool = True) -> None:
+    """Declare a kind of subclass: ``forward(module, parent_forward, *args, **kwargs)`` replaces the forward, given
+    the parent class's forward bound to the module, or (``bound=False``) the function itself. Where dynamo breaks the
+    graph inside the call it rebuilds a bound method by its name on the module, which names this replacement, not
+    the parent's: a kind whose call may break the graph (a checkpoint) takes the function."""
+    _kinds[kind] = (forward, bound)
 
 
 def _subclass(cls: type[nn.Module], kind: str) -> type:
     found = _classes.get((cls, kind))
     if found is not None:
         return found
-    wrap = _kinds[kind]
+    wrap, bound = _kinds[kind]
     new: type  # made below, before any call of forward
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         # The parent's forward read from ``cls``, a closure cell dynamo guards once per class, not through
         # ``super()``, whose MRO walk it guards on every instance.
-        return wrap(self, cls.forward.__get__(self, new), *args, **kwargs)
+        return wrap(self, cls.forward.__get__(self, new) if bound else cls.forward, *args, **kwargs)
 
     def __reduce_ex__(
         self: nn.Module, _protocol: int
