@@ -16,6 +16,7 @@ import torch.utils.checkpoint as _tuc
 from torch.compiler import is_compiling
 
 from sac2 import _compat, messages
+from sac2.core import notices
 from sac2.core.decisions import Policy, as_policy
 from sac2.frame import entry
 from sac2.modes.forward import CachingMode
@@ -234,7 +235,7 @@ def _torch_checkpoint(
 ) -> Any:
     """torch's own checkpoint: its reentrant frame, or, under torch.compile, what dynamo turns into its HOP (which
     rejects torch's default context_fn passed in, and needs the user's own; saved-tensor hooks are skipped under
-    compile, as in torch)."""
+    compile, as in torch), with ``_traced_body`` as its body."""
     options: dict[str, Any] = dict(frame_options)
     context_fn, respect = options.pop("context_fn"), options.pop("respect_saved_tensors_hooks")
     options["use_reentrant"] = use_reentrant
@@ -245,6 +246,21 @@ def _torch_checkpoint(
             raise ValueError(messages.REENTRANT_WITH_POLICY)
         if respect is not None and not _TORCH_TAKES_HOOKS_FLAG:
             raise ValueError(messages.REENTRANT_OPTIONS)  # torch 2.14's own error
-    elif context_fn is not _compat.noop_context_fn:
-        options["context_fn"] = context_fn
+    else:
+        if context_fn is not _compat.noop_context_fn:
+            options["context_fn"] = context_fn
+        function = functools.partial(_traced_body, function)
     return _tuc.checkpoint(function, *args, **options, **kwargs)
+
+
+def _traced_body(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """What torch's checkpoint runs for a sac2 checkpoint under torch.compile. Traced by dynamo as the body of the
+    checkpoint's HOP, it keeps the function's changes to Python objects from outside the checkpoint in the graph
+    (``_compat.side_effects_kept``: transformers 5.25 sets and resets a context variable in every attention call)
+    rather than breaking it. Run eagerly, dynamo broke the graph at this checkpoint anyway and torch's eager frame
+    runs it: its forward warns, naming the block (``EagerFallbackWarning``); its recompute does not."""
+    if is_compiling():
+        return _compat.side_effects_kept(function, *args, **kwargs)
+    if _compat.in_checkpoint_forward():
+        notices.fell_back(function)
+    return function(*args, **kwargs)

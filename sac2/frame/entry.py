@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 import torch
 
 from sac2 import _compat, messages
+from sac2.core import notices
 from sac2.core.notices import count_forward
 from sac2.frame.debug_trace import OpTrace
 from sac2.frame.frame import Frame, Holder
@@ -111,11 +112,21 @@ class _Forward:
         early_stop = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
         frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
                       o["early_stop"] if early_stop is None else early_stop)
+        # Not torch's checkpoint operator run eagerly (the eager backend), which tells its contexts its graph id.
+        operator = getattr(forward_context, "ac_graph_id", None) is not None
         debug = _compat.checkpoint_debug_override()  # torch.utils.checkpoint.set_checkpoint_debug_enabled, if in effect
         if o["debug"] if debug is None else debug:
             frame.trace = OpTrace()
             forward_context = frame.trace.around(forward_context)
-        return cls(frame, forward_context, warn_bypassed)
+        forward = cls(frame, forward_context, warn_bypassed)
+        if not operator and _compat.in_compile_region() and _compat.graph_task() is None:
+            # an eager forward inside a compiled caller: dynamo broke the graph at this checkpoint (not in a recompute)
+            try:
+                notices.fell_back(function)
+            except BaseException as error:  # the warnings filter makes it an error: leave nothing entered
+                forward.end(error)
+                raise
+        return forward
 
     def end(self, error: BaseException | None, stacklevel: int = 6) -> None:
         """Leave the forward (``error``: what it raised); ``stacklevel`` of the line that called ``checkpoint``."""

@@ -24,7 +24,7 @@ import torch
 from sac2 import _compat, messages
 from sac2.core import keys, writes
 from sac2.core.decisions import SAVE_OFFLOAD, CheckpointPolicy, ForwardContext, PolicyFn, SaveList, decide, op_name
-from sac2.core.notices import count_forward, warn_once
+from sac2.core.notices import count_forward, forward_entered, forward_exited, warn_once
 from sac2.core.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.core.rng import rng_before, rng_moved
 from sac2.modes import dispatch_flags
@@ -107,10 +107,13 @@ class CachingMode(SacMode):
         self._pending: list[Saved] = []  # entries whose versions are read at the next op (after autograd's bump)
         self._policy_error: TypeError | None = None
         self._tracer: Tracer | None = None  # while torch.compile traces this forward
+        self._fell_back = False  # entered eagerly inside a torch.compile region (``notices.forward_entered``)
 
     def __enter__(self) -> Self:
         count_forward()
         self._tracer = Tracer(self) if _compat.tracing_for_compile() else None
+        # eager, and not torch's checkpoint operator run eagerly (the eager backend), which tells its graph id
+        self._fell_back = self._tracer is None and self.ac_graph_id is None and forward_entered()
         self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 
@@ -312,6 +315,9 @@ class CachingMode(SacMode):
                 record.end_forward(self.saved_tensors_hooks)
         finally:
             super().__exit__(exc_type, exc, tb)
+            if self._fell_back:
+                self._fell_back = False
+                forward_exited(exc_type is None)
         error, self._policy_error = self._policy_error, None
         if error is not None and exc is not error:
             raise error

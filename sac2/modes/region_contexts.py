@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sac2 import _compat, messages
 from sac2.core.decisions import SaveList
 from sac2.core.keys import PolicyOp, Region
-from sac2.core.notices import count_forward
+from sac2.core.notices import count_forward, forward_entered, forward_exited
 from sac2.record.record import Record
 from sac2.record.region_call import RegionCall
 from sac2.record.regions import record_region, replay_region
@@ -64,9 +64,13 @@ class RegionForward(_Context):
         self.keep_inputs = policy.keep_inputs
         #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
         self.saved_tensors_hooks: _compat.HookPair | None = None
+        self.fell_back = False  # entered inside a torch.compile region (``notices.forward_entered``)
+        self.ac_graph_id: int | None = None  # set by torch's checkpoint operator when it runs eagerly (eager backend)
 
     def __enter__(self) -> Self:
         count_forward()
+        # only eager (under torch.compile the pair is dispatch modes), and not torch's checkpoint operator run eagerly
+        self.fell_back = self.ac_graph_id is None and forward_entered()
         self.record.start_forward(self.saved_tensors_hooks)
         return super().__enter__()
 
@@ -76,6 +80,9 @@ class RegionForward(_Context):
         super().__exit__(exc_type, exc, tb)
         if exc_type is None:
             self.record.end_forward(self.saved_tensors_hooks)
+        if self.fell_back:
+            self.fell_back = False
+            forward_exited(exc_type is None)
 
     def region(self, call: RegionCall) -> Any:
         return record_region(self.record, call, call.key in self.saves, False, self.keep_inputs)
