@@ -10,6 +10,7 @@ compile give none.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Any, Callable
@@ -141,19 +142,13 @@ def test_a_checkpoint_that_compiles_does_not_warn(route: str, backend: str) -> N
 
     def step() -> None:
         compiled = torch.compile(ROUTES[route](Traceable()), backend=backend)
-        with sac2.install() if route.endswith("install()") else contextlib_null():
+        with sac2.install() if route.endswith("install()") else contextlib.nullcontext():
             compiled(torch.randn(2, 8, requires_grad=True)).sum().backward()
 
     assert _fallbacks(step) == []
 
 
-def contextlib_null() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
 class TestFallbackMessage(TestCase):
     def test_the_warning_names_the_block_and_dynamos_graph_break(self) -> None:
         (text,) = _fallbacks(lambda: _compiled_step("sac2.checkpoint_wrapper"))
-        self.assertExpectedInline(text.split(" (at ")[0], """sac2: the checkpointed block Breaking ran eagerly under torch.compile: dynamo could not trace its checkpoint, so the block and its recompute run outside the compiled graph. dynamo's last graph break: Call to `torch._dynamo.graph_break()`; Called `torch._dynamo.graph_break()` with args `[]`, kwargs `{}`""")
+        self.assertExpectedInline(text.split(" (at ")[0], """sac2: the checkpointed block Breaking ran eagerly under torch.compile: dynamo could not trace its checkpoint, so the block and its recompute run outside the compiled graph. dynamo's last graph break: Call to `torch._dynamo.graph_break()`; Called `torch._dynamo.graph_break()` with args `[]`, kwargs `{}`""")  # noqa: E501

@@ -11,6 +11,7 @@ atol 1e-5 / rtol 1e-4 of the compiled run without checkpointing. A block forced 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Any, Callable
@@ -97,7 +98,7 @@ def no_checkpointing() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
 @pytest.mark.parametrize("route", ROUTES)
 def test_a_checkpointed_llama_compiles_in_one_graph_like_no_checkpointing(route: str, no_checkpointing) -> None:
     model = llama()
-    with sac2.install() if route.startswith("install()") else _nothing():
+    with sac2.install() if route.startswith("install()") else contextlib.nullcontext():
         ROUTES[route](model)
         loss, grads = compiled_step(model)
     assert not counters["graph_break"], list(counters["graph_break"])
@@ -107,12 +108,6 @@ def test_a_checkpointed_llama_compiles_in_one_graph_like_no_checkpointing(route:
     assert grads.keys() == want_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, want_grads[name], rtol=1e-4, atol=1e-5, msg=name)
-
-
-def _nothing() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 def _breaking_mlp(model: nn.Module) -> None:
@@ -125,7 +120,7 @@ def _breaking_mlp(model: nn.Module) -> None:
 def test_a_layer_that_falls_back_to_eager_warns_naming_it(route: str) -> None:
     model = llama()
     _breaking_mlp(model)
-    with sac2.install() if route.startswith("install()") else _nothing():
+    with sac2.install() if route.startswith("install()") else contextlib.nullcontext():
         ROUTES[route](model)
         with pytest.raises(sac2.EagerFallbackWarning, match="the checkpointed block LlamaDecoderLayer") as caught:
             compiled_step(model)
