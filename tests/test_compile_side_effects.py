@@ -12,7 +12,7 @@ calls while installed. The model here does what transformers does, without trans
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import pytest
 import torch
@@ -95,12 +95,11 @@ def _torch_checkpoint(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 #: How each sac2 route checkpoints ``Net``'s blocks.
-ROUTES: dict[str, Callable[[Net], None]] = {
+ROUTES: dict[str, Callable[[Net], object]] = {
     "sac2.checkpoint": lambda m: setattr(m, "call", lambda layer, x: sac2.checkpoint(layer, x)),
     "sac2.checkpoint, selective": lambda m: setattr(
         m, "call", lambda layer, x: sac2.checkpoint(layer, x, context_fn=SELECTIVE)),
-    "sac2.checkpoint_wrapper": lambda m: [m.layers.__setitem__(i, sac2.checkpoint_wrapper(b))
-                                          for i, b in enumerate(list(m.layers))],
+    "sac2.checkpoint_wrapper": lambda m: setattr(m, "layers", nn.ModuleList(map(sac2.checkpoint_wrapper, m.layers))),
     "sac2.checkpoint_module": lambda m: [sac2.checkpoint_module(b) for b in m.layers],
     "apply_ac full": lambda m: sac2.apply_ac(m, "full"),
     "apply_ac selective": lambda m: sac2.apply_ac(m, "selective"),
@@ -118,7 +117,7 @@ def _step(model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
 def _compiled_step(model: nn.Module) -> tuple[torch.Tensor, list[torch.Tensor]]:
     torch._dynamo.reset()
     counters.clear()
-    return _step(torch.compile(model, backend="aot_eager"))
+    return _step(cast(nn.Module, torch.compile(model, backend="aot_eager")))  # a Module's is an OptimizedModule
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +144,7 @@ def test_the_change_applies_once_per_call_as_without_checkpointing() -> None:
     sac2.apply_ac(model, "full")
     _compiled_step(model)
     # eager checkpointing calls each attention again in recompute (2 calls); the compiled graph does not
-    assert [b.attention.calls[0] for b in model.layers] == [1, 1]
+    assert [cast(Block, b).attention.calls[0] for b in model.layers] == [1, 1]
 
 
 def test_stock_torch_checkpoint_breaks_the_graph_there() -> None:

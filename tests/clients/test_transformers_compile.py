@@ -53,7 +53,7 @@ def _hf_installed(context: bool) -> Callable[[nn.Module], None]:
     """HF's own gradient_checkpointing_enable while sac2 is installed (the test's fixture installs it), with HF's
     default kwargs or a context_fn of torch's name built after install() (so sac2's)."""
 
-    def route(model: nn.Module) -> None:
+    def route(model: Any) -> None:  # a transformers model: untyped
         kwargs: dict[str, Any] = {"use_reentrant": False}
         if context:
             kwargs["context_fn"] = functools.partial(tuc.create_selective_checkpoint_contexts, sac2.policies.llm())
@@ -110,7 +110,7 @@ def test_a_checkpointed_llama_compiles_in_one_graph_like_no_checkpointing(route:
         torch.testing.assert_close(grad, want_grads[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
-def _breaking_mlp(model: nn.Module) -> None:
+def _breaking_mlp(model: Any) -> None:  # a transformers model: untyped
     """Make every decoder layer's MLP break dynamo's graph (a forward pre-hook calling graph_break)."""
     for layer in model.model.layers:
         layer.mlp.register_forward_pre_hook(lambda *_: torch._dynamo.graph_break())
