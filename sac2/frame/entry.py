@@ -112,7 +112,7 @@ class _Forward:
         early_stop = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
         frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
                       o["early_stop"] if early_stop is None else early_stop)
-        # Not torch's checkpoint operator run eagerly (the eager backend), which tells its contexts its graph id.
+        # torch's checkpoint operator run eagerly (the eager backend) sets its graph id on its contexts: no fallback
         operator = getattr(forward_context, "ac_graph_id", None) is not None
         debug = _compat.checkpoint_debug_override()  # torch.utils.checkpoint.set_checkpoint_debug_enabled, if in effect
         if o["debug"] if debug is None else debug:

@@ -112,10 +112,11 @@ class CachingMode(SacMode):
     def __enter__(self) -> Self:
         count_forward()
         self._tracer = Tracer(self) if _compat.tracing_for_compile() else None
-        # eager, and not torch's checkpoint operator run eagerly (the eager backend), which tells its graph id
-        self._fell_back = self._tracer is None and self.ac_graph_id is None and forward_entered()
         self.record.start_forward(self.saved_tensors_hooks)
-        return super().__enter__()
+        entered = super().__enter__()
+        # Eager, and not torch's checkpoint operator run eagerly (the eager backend), which sets its graph id.
+        self._fell_back = self._tracer is None and self.ac_graph_id is None and forward_entered()
+        return entered
 
     def __torch_dispatch__(
         self,

@@ -69,10 +69,12 @@ class RegionForward(_Context):
 
     def __enter__(self) -> Self:
         count_forward()
-        # only eager (under torch.compile the pair is dispatch modes), and not torch's checkpoint operator run eagerly
-        self.fell_back = self.ac_graph_id is None and forward_entered()
         self.record.start_forward(self.saved_tensors_hooks)
-        return super().__enter__()
+        entered = super().__enter__()
+        # Only eager (under torch.compile the pair is dispatch modes), and not torch's checkpoint operator run eagerly
+        # (the eager backend), which sets its graph id.
+        self.fell_back = self.ac_graph_id is None and forward_entered()
+        return entered
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
