@@ -249,7 +249,8 @@ def _torch_checkpoint(
     else:
         if context_fn is not _compat.noop_context_fn:
             options["context_fn"] = context_fn
-        function = functools.partial(_traced_body, function)
+        args = (function, *args)
+        function = _traced_body
     return _tuc.checkpoint(function, *args, **options, **kwargs)
 
 
