@@ -55,7 +55,8 @@ EXECUTIONS = (
     "eager", "aot_eager", "inductor", "fullgraph", "dynamic",
     # compiled code inside an eager checkpoint: each block's submodules compiled (module.compile) or the forward of
     # its norms compiled as a function (torch.compile(module.forward)), with each backend
-    "submodules_aot_eager", "submodules_inductor", "function_aot_eager", "function_inductor",
+    "submodules_eager", "submodules_aot_eager", "submodules_inductor",
+    "function_eager", "function_aot_eager", "function_inductor",
 )
 POLICIES = (
     "full",  # no context_fn: full activation checkpointing
@@ -99,8 +100,9 @@ LIBRARY = {"hf": "transformers", "torchtitan": "torchtitan"}
 #: Rough relative cost of a value, used only to break ties when the pairwise design picks between cells that
 #: cover as many new pairs: the cheaper cell wins, so the default suite compiles no more than coverage needs.
 _COST = {
-    "aot_eager": 1, "fullgraph": 1, "dynamic": 3, "inductor": 4, "submodules_aot_eager": 1, "function_aot_eager": 1,
-    "submodules_inductor": 4, "function_inductor": 4, "hf": 2, "torchtitan": 3,
+    "aot_eager": 1, "fullgraph": 1, "dynamic": 3, "inductor": 4, "submodules_eager": 1, "function_eager": 1,
+    "submodules_aot_eager": 1, "function_aot_eager": 1, "submodules_inductor": 4, "function_inductor": 4, "hf": 2,
+    "torchtitan": 3,
 }
 
 
@@ -124,6 +126,11 @@ class Cell:
     def inside(self) -> bool:
         """Compiled code inside an eager checkpoint."""
         return self.execution in INSIDE
+
+    @property
+    def aot(self) -> bool:
+        """Something in the step is compiled through AOTAutograd (every backend but dynamo's eager one)."""
+        return self.compiled or (self.inside and self.execution.split("_", 1)[1] != "eager")
 
     @property
     def compiles(self) -> bool:
@@ -251,8 +258,9 @@ RULES: tuple[Rule, ...] = (
         "error",
         "Double backward under torch.compile is unsupported by torch.compile itself: AOTAutograd's compiled backward "
         "(of the step, or of a compiled submodule inside the checkpoint) is not differentiable, and the second "
-        "backward raises whether or not anything is checkpointed.",
-        lambda c: c.compiles and c.backward == "double",
+        "backward raises whether or not anything is checkpointed (dynamo's eager backend has no AOTAutograd: it "
+        "differentiates twice).",
+        lambda c: c.aot and c.backward == "double",
         match="torch.compile with aot_autograd does not currently support double backward",
     ),
     Rule(
@@ -270,7 +278,7 @@ RULES: tuple[Rule, ...] = (
         "A compiled backward that donates buffers refuses retain_graph=True and create_graph=True, whatever is "
         "checkpointed; torch's error says to set torch._functorch.config.donated_buffer=False, as a user must: these "
         "cells compile and run with it off (whether a backward donates depends on what the policy saves).",
-        lambda c: c.compiles and c.backward in ("retain_twice", "double"),
+        lambda c: c.aot and c.backward in ("retain_twice", "double"),
     ),
     Rule(
         "no_fx_graph_cache",
