@@ -130,6 +130,18 @@ def test_compiled_submodules_inside_a_checkpoint_compile_once_each(users: bool) 
     assert not counters["graph_break"]
 
 
+@pytest.mark.parametrize("cost", ["flops", "time"])
+def test_profiling_a_memory_budget_leaves_the_compiled_submodules_compiling(cost: str) -> None:
+    """The budget's profile runs the block once under sac2's cost counters; compiled code below them compiles as it
+    would in training (dynamo would otherwise skip it there and never compile it again: the seam matrix's budget
+    cells with compiled functions ran eagerly)."""
+    block = _compiled_submodules("aot_eager", users=True)
+    counters.clear()
+    sac2.policies.memory_budget(block, (torch.randn(4, 32, requires_grad=True),), 0.5, cost=cost)
+    _grads(block, ROUTES["sac2.checkpoint"])
+    assert counters["frames"]["total"] == counters["stats"]["unique_graphs"] == 2  # a norm, a projection
+
+
 def test_the_frame_runs_under_fake_tensors() -> None:
     with FakeTensorMode():
         x = torch.randn(4, 8, requires_grad=True)

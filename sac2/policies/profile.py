@@ -292,11 +292,21 @@ def outside_storages(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> set[int
     return found
 
 
-class _FlopCount(TorchDispatchMode):
-    """Adds up estimated FLOPs of every op below the profile: torch's formula where it has one, else one per
-    output element. A HOP counts as one op (its body runs below this mode, unseen)."""
+class _Counting(TorchDispatchMode):
+    """What both cost counters share: compiled code called below them compiles (dynamo skips a frame under a mode
+    that does not say so, and then never compiles that code again in the process: a compiled submodule of a
+    profiled block would run eagerly for good), and its ops are counted as they dispatch."""
 
     supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+class _FlopCount(_Counting):
+    """Adds up estimated FLOPs of every op below the profile: torch's formula where it has one, else one per
+    output element. A HOP counts as one op (its body runs below this mode, unseen)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -318,10 +328,8 @@ class _FlopCount(TorchDispatchMode):
         return out
 
 
-class _TimeCount(TorchDispatchMode):
+class _TimeCount(_Counting):
     """Adds up the wall time of every op below the profile, synchronising the inputs' accelerators around each."""
-
-    supports_higher_order_operators = True
 
     def __init__(self, inputs: tuple[Any, ...]) -> None:
         super().__init__()
