@@ -553,6 +553,8 @@ def _run_cell(cell: Cell) -> None:
     if cell.counts:
         moved = setup.warm_count if cell.compiled else sac2.forward_count() - before
         assert moved > 0, "sac2.forward_count() did not move: sac2 did not run this checkpoint"
+    if cell.inside:  # the code inside the blocks ran compiled, not eagerly (which a skipped frame would, silently)
+        assert counters["stats"]["unique_graphs"] > 0, "nothing inside the blocks compiled"
     if cell.compiles:
         breaks = dict(counters["graph_break"])
         if cell.falls_back:
