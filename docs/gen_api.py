@@ -78,14 +78,19 @@ def kind(obj: object) -> str:
         return "module"
     if isinstance(obj, type) and issubclass(obj, enum.Enum):
         return "enum"
+    if isinstance(obj, type) and issubclass(obj, Warning):
+        return "warning"
     if isinstance(obj, type):
         return "context manager" if hasattr(obj, "__enter__") else "class"
     return "function"
 
 
 def documented_signature(obj: object) -> inspect.Signature | None:
-    """The signature the docstring documents: a function's, a class's ``__init__`` (without ``self``)."""
+    """The signature the docstring documents: a function's, a class's ``__init__`` (without ``self``); none for a
+    warning, which sac2 gives and the user filters or catches, never calls."""
     if isinstance(obj, types.ModuleType) or is_torch_object(obj):
+        return None
+    if isinstance(obj, type) and issubclass(obj, Warning):
         return None
     return inspect.signature(obj)  # type: ignore[arg-type]
 

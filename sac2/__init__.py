@@ -29,7 +29,7 @@ from sac2.api.wrappers import (
 )
 from sac2.core.decisions import CheckpointPolicy, SelectiveCheckpointContext
 from sac2.core.keys import Region, region_of
-from sac2.core.notices import forward_count
+from sac2.core.notices import EagerFallbackWarning, forward_count
 from sac2.frame.switches import preserve_generators, use_torch_frame
 from sac2.integrations import install, installed
 from sac2.modes.compiled import compiled_region
@@ -68,6 +68,7 @@ __all__ = [
     "plot_budgets",
     "activation_memory",
     "forward_count",
+    "EagerFallbackWarning",
     "install",
     "installed",
 ]

@@ -4,6 +4,9 @@ docs/migration.md has its own test (tests/test_docs_migration.py), which also ch
 docs/distributed.md's blocks need 2 ranks: tests/distributed/test_docs_distributed.py runs them (SAC2_DISTRIBUTED=1).
 """
 
+import sys
+import types
+
 import pytest
 
 from helpers import python_blocks
@@ -15,6 +18,12 @@ DOCS = ["README.md", "docs/concepts.md", "docs/compiled.md", "docs/hops.md", "do
 def test_python_blocks_run(doc: str) -> None:
     blocks = python_blocks(doc)
     assert blocks, f"{doc} has no runnable example"
-    namespace: dict = {"__name__": f"doc:{doc}"}
-    for i, code in enumerate(blocks):
-        exec(compile(code, f"{doc}[block {i}]", "exec"), namespace)
+    # A module of its own, found by name: dynamo looks a frame's module up where it breaks a graph (compiled.md's
+    # fallback example does).
+    module = types.ModuleType(f"doc:{doc}")
+    sys.modules[module.__name__] = module
+    try:
+        for i, code in enumerate(blocks):
+            exec(compile(code, f"{doc}[block {i}]", "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]

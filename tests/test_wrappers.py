@@ -316,6 +316,32 @@ def test_torch_compile_of_a_checkpointed_model_matches_eager(form):
         torch.testing.assert_close(p.grad, q.grad, msg=name)
 
 
+def test_a_compiled_checkpoint_module_that_breaks_the_graph_is_checkpointed_once():
+    """Where dynamo breaks the graph inside the checkpoint, the call runs eagerly with the parent's forward rebuilt
+    by dynamo: a bound method would come back as the module's own (checkpointing) forward, checkpointing the block
+    inside itself. The block runs once in forward and once in recompute, with no nested-checkpoint warning."""
+    runs = []
+
+    class Breaking(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            runs.append(1)
+            y = self.linear(x).relu()
+            torch._dynamo.graph_break()
+            return self.linear(y)
+
+    block = sac2.checkpoint_module(Breaking())
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.compile(block, backend="aot_eager")(randn(2, 8, seed=1)).sum().backward()
+    assert len(runs) == 2
+    assert not [w for w in caught if "inside the forward of another checkpoint" in str(w.message)]
+
+
 class TestApplyAC(TestCase):
     def test_wraps_each_block_of_model_layers_by_default(self):
         model = _model()

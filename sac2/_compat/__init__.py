@@ -2,7 +2,8 @@
 
 Each name says what sac2 needs, not how torch spells it today; each shim says (``Removable:``) which torch change
 would let it go. ``ops``: op objects and what sac2 reads of them. ``dispatch``: the dispatch-mode stack and flags,
-compile tracing. ``autograd``: saved-tensor hooks, graph tasks, version counters. ``recompute_state``: what a
+compile tracing. ``compiling``: what sac2 asks of dynamo around a checkpoint (side effects kept in the graph, compile
+regions, graph breaks). ``autograd``: saved-tensor hooks, graph tasks, version counters. ``recompute_state``: what a
 recompute replays (RNG, autocast, device context, input strides). ``torch_checkpoint``: torch's checkpoint frame.
 ``distributed``: the checkpoint-wrapper module. ``profiler``: memory events. sac2's modules import this package,
 never torch's private names (``tests/test_layout.py`` checks).
@@ -34,6 +35,12 @@ from sac2._compat.autograd import (
     user_saved_tensors_hooks,
     version_witness,
     view_base,
+)
+from sac2._compat.compiling import (
+    in_compile_region,
+    keep_checkpoint_side_effects,
+    last_graph_break,
+    side_effects_kept,
 )
 from sac2._compat.dispatch import (
     TorchDispatchMode,
@@ -136,6 +143,10 @@ from sac2._compat.torch_checkpoint import (
 
 __all__ = [
     "import_op_modules",
+    "side_effects_kept",
+    "keep_checkpoint_side_effects",
+    "in_compile_region",
+    "last_graph_break",
     "detach_below_sac2",
     "SDPA_FLASH",
     "SDPA_FLASH_CPU",

@@ -61,12 +61,14 @@ CheckpointError = _tuc.CheckpointError
 DEBUG_TIP: str = getattr(_tuc, "_debug_tip_msg", "")
 
 
-def checkpoint_debug_override() -> bool:
-    """``torch.utils.checkpoint.set_checkpoint_debug_enabled(True)`` in effect.
+def checkpoint_debug_override() -> bool | None:
+    """What ``torch.utils.checkpoint.set_checkpoint_debug_enabled`` set (it overrides ``debug``, True or False), or
+    None outside it.
 
     Removable: torch exposes the state of ``set_checkpoint_debug_enabled``.
     """
-    return bool(getattr(_tuc, "_checkpoint_debug_enabled", None))
+    override: bool | None = getattr(_tuc, "_checkpoint_debug_enabled", None)
+    return override
 
 
 def early_stop_override() -> bool | None:

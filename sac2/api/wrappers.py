@@ -304,10 +304,11 @@ def _auto_wrap(root: nn.Module, policy: Callable[..., object], wrapper_fn: Calla
 def _checkpointed_forward(self: nn.Module, forward: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     _warn_if_nested(self)
     options: dict[str, Any] = vars(self)["_sac2_checkpoint_kwargs"]  # set by checkpoint_module
-    return checkpoint(forward, *args, **options, **kwargs)
+    # ``forward``: the class's function (not bound: see ``module_class.wrapping``), called with the module first
+    return checkpoint(forward, self, *args, **options, **kwargs)
 
 
-module_class.register_kind("Checkpointed", module_class.wrapping(_checkpointed_forward))
+module_class.register_kind("Checkpointed", module_class.wrapping(_checkpointed_forward, bound=False))
 
 
 _M = TypeVar("_M", bound=nn.Module)

@@ -1,15 +1,21 @@
-"""What sac2 tells its user beyond return values, as state: warnings given once per op, and the forward counter.
+"""What sac2 tells its user beyond return values, as state: warnings given once per op, the forward counter, and
+the checkpointed blocks that ran eagerly under torch.compile.
 
 The texts themselves live in ``sac2.messages``.
 """
 
 from __future__ import annotations
 
+import threading
 import warnings
 
+from sac2 import _compat, messages
 from sac2.core.decisions import op_name
 
-__all__ = ["warn_once", "count_forward", "forward_count"]
+__all__ = [
+    "warn_once", "count_forward", "forward_count", "EagerFallbackWarning", "fell_back", "forward_entered",
+    "forward_exited",
+]
 
 _warned: set[tuple[str, str]] = set()
 _forwards = 0
@@ -41,3 +47,56 @@ def forward_count() -> int:
         The number of such forwards since the process started; it only grows.
     """
     return _forwards
+
+
+class EagerFallbackWarning(UserWarning):
+    """A checkpointed block ran eagerly while ``torch.compile`` compiled the code calling it.
+
+    dynamo could not trace the checkpoint (a graph break inside it), so the block runs outside the compiled graph,
+    on the eager frame, recompute included; stock torch does the same silently. The warning names the block and
+    dynamo's last graph break. Make it an error with the warnings filter:
+    ``warnings.simplefilter("error", sac2.EagerFallbackWarning)`` (or ``-W error::sac2.EagerFallbackWarning``).
+    """
+
+
+class _Unreported(threading.local):
+    """Per thread: for each forward context of sac2's entered eagerly inside a compile region and not yet left,
+    whether its block is still unreported (True until a frame reports it by name)."""
+
+    def __init__(self) -> None:
+        self.stack: list[bool] = []
+
+
+_unreported = _Unreported()
+
+
+def fell_back(block: object) -> None:
+    """Warn that the checkpointed ``block`` (the function or module checkpointed) runs its forward eagerly inside a
+    torch.compile region: dynamo broke the graph at its checkpoint. Reports the innermost pending forward context's
+    block (``forward_entered``), so that it does not warn again without the name."""
+    stack = _unreported.stack
+    if stack:
+        stack[-1] = False
+    warnings.warn(
+        messages.eager_fallback(messages.block_label(block), _compat.last_graph_break()), EagerFallbackWarning,
+        stacklevel=3,
+    )
+
+
+def forward_entered() -> bool:
+    """A forward context of sac2's (its selective modes, its region contexts) is entered eagerly: whether it is inside a
+    torch.compile region, in which case it is pending until ``forward_exited`` (every caller of this that got True
+    calls it)."""
+    if not _compat.in_compile_region():
+        return False
+    _unreported.stack.append(True)
+    return True
+
+
+def forward_exited(completed: bool) -> None:
+    """The pending forward context is left (``completed``: its forward returned). If no frame reported its block
+    (torch's own frame ran it: torch's ``checkpoint`` called with sac2's ``context_fn``), warn without the name."""
+    if _unreported.stack.pop() and completed:
+        warnings.warn(
+            messages.eager_fallback(None, _compat.last_graph_break()), EagerFallbackWarning, stacklevel=3
+        )

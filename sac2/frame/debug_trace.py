@@ -4,7 +4,9 @@ torch's ``debug=True`` records operator traces on torch's frame; sac2's frame is
 own: a pass-through dispatch mode innermost in the forward and in each recompute lists every op the checkpointed
 function dispatched (served ones too). When recompute fails (the determinism check, a divergence sac2's replay
 found), the error gains both lists, numbered, with the first position where they differ marked, and what sac2's
-selective modes saved.
+selective modes saved. A recompute that differs from its forward (what it saved, the ops it ran) leads with torch's
+own debug wording (its "Detected non-determinism" error), as torch's ``debug=True`` does, and drops torch's tip to
+pass ``debug=True``, which was passed.
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ class OpTrace:
         self.recompute = []
         return _TraceMode(self.recompute)
 
-    def explain(self, error: str) -> str:
-        """``error`` with both lists, and what sac2's modes saved."""
+    def explain(self, error: str, differs: bool) -> str:
+        """``error`` with both lists, and what sac2's modes saved; led by torch's own debug wording where the
+        recompute ``differs`` from the forward."""
         record, saved = self.record, []
         for i in getattr(record, "saved_at", ()):
             saved.append(record.describe(i))  # type: ignore[attr-defined]  # a Record: it has saved_at
-        return messages.debug_trace(error, self.forward, self.recompute, saved)
+        return messages.debug_trace(error, self.forward, self.recompute, saved, differs)
 
 
 class _Within:

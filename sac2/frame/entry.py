@@ -19,6 +19,7 @@ import torch.utils.checkpoint as _tuc
 from torch.compiler import is_compiling
 
 from sac2 import _compat, messages
+from sac2.core import notices
 from sac2.core.notices import count_forward
 from sac2.frame.contexts import selective
 from sac2.frame.debug_trace import OpTrace
@@ -131,13 +132,25 @@ class _Forward:
         try:
             frame = Frame(function, args, kwargs, o["preserve_rng_state"], recompute_context, o["determinism_check"],
                           o["early_stop"] if early_stop is None else early_stop, block, offload_inputs)
-            if o["debug"] or _compat.checkpoint_debug_override():
+            # torch's checkpoint operator run eagerly (the eager backend) sets its graph id on its contexts (torch's
+            # or sac2's): no fallback
+            operator = getattr(forward_context, "ac_graph_id", None) is not None
+            debug = _compat.checkpoint_debug_override()  # torch's set_checkpoint_debug_enabled, if in effect
+            if o["debug"] if debug is None else debug:
                 frame.trace = OpTrace()
                 forward_context = frame.trace.around(forward_context)
-            return cls(frame, forward_context, warn_bypassed)
+            forward = cls(frame, forward_context, warn_bypassed)
         except BaseException:
             schedule.abandon()
             raise
+        if not operator and _compat.in_compile_region() and _compat.graph_task() is None:
+            # an eager forward inside a compiled caller: dynamo broke the graph at this checkpoint (not in a recompute)
+            try:
+                notices.fell_back(function)
+            except BaseException as error:  # the warnings filter makes it an error: leave nothing entered
+                forward.end(error)
+                raise
+        return forward
 
     def end(self, error: BaseException | None, stacklevel: int = 6) -> None:
         """Leave the forward (``error``: what it raised); ``stacklevel`` of the line that called ``checkpoint``."""
@@ -251,7 +264,7 @@ def _torch_checkpoint(
 ) -> Any:
     """torch's own checkpoint: its reentrant frame, or, under torch.compile, what dynamo turns into its HOP (which
     rejects torch's default context_fn passed in, and needs the user's own; saved-tensor hooks are skipped under
-    compile, as in torch)."""
+    compile, as in torch), with ``_traced_body`` as its body."""
     options: dict[str, Any] = dict(frame_options)
     context_fn, respect = options.pop("context_fn"), options.pop("respect_saved_tensors_hooks")
     options["use_reentrant"] = use_reentrant
@@ -262,6 +275,22 @@ def _torch_checkpoint(
             raise ValueError(messages.REENTRANT_WITH_POLICY)
         if respect is not None and not _TORCH_TAKES_HOOKS_FLAG:
             raise ValueError(messages.REENTRANT_OPTIONS)  # torch 2.14's own error
-    elif context_fn is not _compat.noop_context_fn:
-        options["context_fn"] = context_fn
+    else:
+        if context_fn is not _compat.noop_context_fn:
+            options["context_fn"] = context_fn
+        args = (function, *args)
+        function = _traced_body
     return _tuc.checkpoint(function, *args, **options, **kwargs)
+
+
+def _traced_body(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """What torch's checkpoint runs for a sac2 checkpoint under torch.compile. Traced by dynamo as the body of the
+    checkpoint's HOP, it keeps the function's changes to Python objects from outside the checkpoint in the graph
+    (``_compat.side_effects_kept``: transformers 5.25 sets and resets a context variable in every attention call)
+    rather than breaking it. Run eagerly, dynamo broke the graph at this checkpoint anyway and torch's eager frame
+    runs it: its forward warns, naming the block (``EagerFallbackWarning``); its recompute does not."""
+    if is_compiling():
+        return _compat.side_effects_kept(function, *args, **kwargs)
+    if _compat.in_checkpoint_forward():
+        notices.fell_back(function)
+    return function(*args, **kwargs)

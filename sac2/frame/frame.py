@@ -270,7 +270,7 @@ class Frame:
         if not self.completed:  # a backward inside the forward, without early stop
             self.ignore_mismatch = True
             return x
-        raise CheckpointError(messages.more_saved_in_recompute(_compat.DEBUG_TIP))
+        raise CheckpointError(messages.more_saved_in_recompute(self._tip()))
 
     def _recompute_contexts(self) -> list[ContextManager[object]]:
         """What the recompute runs in: the forward's autocast state, the policy's replay, the device context, the
@@ -284,10 +284,16 @@ class Frame:
             contexts.append(self.trace.recompute_mode())
         return contexts
 
+    def _tip(self) -> str:
+        """torch's tip to pass ``debug=True``, which its errors end with unless it was passed."""
+        return _compat.DEBUG_TIP if self.trace is None else ""
+
     def _explain(self, error: RuntimeError) -> None:
-        """With ``debug=True``, raise ``error`` again (its own type) with the forward's and recompute's ops."""
-        if self.trace is not None and type(error) in (RuntimeError, CheckpointError):
-            raise type(error)(self.trace.explain(str(error))) from error
+        """With ``debug=True``, raise ``error`` again (its own type) with the forward's and recompute's ops, led by
+        torch's debug wording where the recompute differs from the forward (the determinism check, a divergence)."""
+        if self.trace is not None and type(error) in _EXPLAINED:
+            differs = type(error) is not RuntimeError
+            raise type(error)(self.trace.explain(str(error), differs)) from error
 
     def _check(self, count: int, store: Store) -> None:
         """torch's determinism check: as many tensors saved as in forward, each with its shape, dtype and device,
@@ -295,7 +301,7 @@ class Frame:
         autograd's error if it runs (rule 3), and recompute may replay the write (rule 3a)."""
         n = len(self.holders)
         if count != n:
-            raise CheckpointError(messages.saved_count_differs(n, count, _compat.DEBUG_TIP))
+            raise CheckpointError(messages.saved_count_differs(n, count, self._tip()))
         if not self.check:
             return
         bad = [
@@ -305,7 +311,12 @@ class Frame:
             and (meta[0] != t.shape or meta[1] != t.dtype or meta[2] != t.device) and not self.versions.changed(i)
         ]
         if bad:
-            raise CheckpointError(messages.metadata_differs(bad, _compat.DEBUG_TIP))
+            raise CheckpointError(messages.metadata_differs(bad, self._tip()))
+
+
+#: What ``debug=True`` explains: a recompute that differs from its forward (torch's determinism check, sac2's
+#: divergence), and plain RuntimeErrors raised in recompute.
+_EXPLAINED = (CheckpointError, messages.RecomputeDiverged, RuntimeError)
 
 
 def _run_in(

@@ -16,9 +16,15 @@ What ``install()`` swaps is what sac2 changes, underneath that API:
   such as torchtitan's ``lambda: create_selective_checkpoint_contexts(policy)`` looks the name up in its module on
   every call, so the wrapper keeps a copy of it whose globals bind that name to sac2's for good.
 
+- under torch.compile, dynamo's setting that lets a checkpoint's body keep its Python side effects (torch's
+  ``skip_fwd_side_effects_in_bwd_under_checkpoint``), as sac2's own checkpoints always do
+  (``sac2.api.checkpointing``): a checkpointed layer that sets and resets an outside object on every call
+  (transformers 5.25's attention) compiles in one graph under HF's own ``gradient_checkpointing_enable``, the change
+  applied once per call as without checkpointing, instead of breaking the graph and running the layer eagerly.
+
 ``uninstall()`` (or leaving the ``with`` block) puts torch's objects back everywhere, in modules imported since
-``install()`` too. Code that still calls torch's ``checkpoint`` then runs torch's frame again; sac2 wrappers built
-while installed keep running sac2.
+``install()`` too, and dynamo's setting as it was. Code that still calls torch's ``checkpoint`` then runs torch's
+frame again; sac2 wrappers built while installed keep running sac2.
 """
 
 from __future__ import annotations
@@ -221,6 +227,8 @@ def installed() -> dict[str, str]:
 
 _active: list[Installation] = []
 _lock = threading.Lock()
+#: dynamo's setting for side effects in checkpoints before the first active installation set it (``_install``).
+_side_effects_kept_before = False
 
 
 class Installation:
@@ -234,7 +242,10 @@ class Installation:
         self.active = False
 
     def _install(self) -> None:
+        global _side_effects_kept_before
         with _lock:
+            if not _active:
+                _side_effects_kept_before = _compat.keep_checkpoint_side_effects(True)
             rebound = []
             for qualname, namespace, attr, value in list(_bindings()):
                 if _is(_REPLACEMENTS, value):
@@ -265,6 +276,7 @@ class Installation:
             _active.remove(self)
             if _active:
                 return
+            _compat.keep_checkpoint_side_effects(_side_effects_kept_before)
             for _, namespace, attr, value in list(_bindings()):
                 if _is(_ORIGINALS, value):
                     namespace[attr] = _ORIGINALS[id(value)][1]
@@ -292,7 +304,10 @@ def install() -> Installation:
     or as a context manager (``with sac2.install(): ...``). Installations nest; torch's objects come back when the
     last one is uninstalled. Frameworks that call torch's checkpoint API (transformers, torchtitan, Lightning)
     then run sac2 without a change to their code; ``docs/concepts.md`` says why it rebinds the frame, not torch's
-    ``checkpoint``.
+    ``checkpoint``. Under torch.compile, a checkpointed function's changes to Python objects from outside it (such
+    as a context variable set and reset around each call) stay in the compiled graph, applied once per call as
+    without checkpointing, where stock torch breaks the graph and runs the checkpoint eagerly; sac2's own
+    ``checkpoint`` and wrappers do so whether installed or not.
 
     Returns:
         The ``Installation`` handle: ``verify()`` checks that it is still in effect and that every binding

@@ -11,7 +11,8 @@ __all__ = [
     "unexpected_keyword_arguments", "REENTRANT_WITH_POLICY", "REENTRANT_OPTIONS", "HOOKS_BYPASSED", "unpacked_twice",
     "more_saved_in_recompute", "saved_count_differs", "metadata_differs", "CONTEXT_SUPPRESSED_ERROR",
     "DEVICE_INITIALIZED_IN_FORWARD", "bad_determinism_check", "FRAME_YIELDED_TWICE", "saved_tensor_modified",
-    "internal_error", "not_a_generator", "debug_trace", "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
+    "internal_error", "not_a_generator", "TORCH_DEBUG_HEAD", "TORCH_DEBUG_NON_DETERMINISM", "debug_trace",
+    "SLOT_UNFILLED", "NO_CONTEXTS", "NO_STOP_PENDING",
     "NEVER_PACKED", "NOT_OFFLOADED", "NOT_SAVED", "COMPOSE_EMPTY", "PROFILER_NOT_RUN", "COPY_BACK_NOT_STARTED",
     "NO_GRADIENT", "NOT_IN_FORWARD", "saved_tensor_written_after_forward", "unpack_hook_returned",
     "checkpoint_input_modified", "illegal_transition",
@@ -107,9 +108,29 @@ def illegal_transition(state: str, to: str) -> str:
     return f"a saved entry in state {state} was moved to {to}, which its lifecycle does not allow"
 
 
-def debug_trace(error: str, forward: Sequence[str], recompute: Sequence[str], saved: Sequence[str]) -> str:
+#: torch's own words for a recompute that differs from its forward under ``debug=True`` (``torch.utils.checkpoint``'s
+#: error template: its head, and its error section up to where it points at its stack traces, which sac2's op lists
+#: replace), line breaks and all, for the tests and log searches that match them.
+TORCH_DEBUG_HEAD = (
+    "An error happened while unpacking tensors; dumping logs of latest computation\n"
+    "because you passed `debug=True` to `torch.utils.checkpoint.checkpoint()`.\n"
+)
+TORCH_DEBUG_NON_DETERMINISM = (
+    " ERROR: Detected non-determinism while running activation checkpointing\n"
+    "\n"
+    " You are seeing this error because you passed `debug=True` to checkpoint and\n"
+    " tensors to be saved during the original forward and differ between those saved\n"
+    " during recomputation. This can happen if different operators were ran in the\n"
+    " original forward and in the recomputation.\n"
+)
+
+
+def debug_trace(
+    error: str, forward: Sequence[str], recompute: Sequence[str], saved: Sequence[str], differs: bool
+) -> str:
     """``debug=True``: ``error``, then the ops forward and recompute ran, side by side (the first difference
-    marked ``<<``), then what sac2's selective modes saved."""
+    marked ``<<``), then what sac2's selective modes saved. Where the recompute ``differs`` from the forward (what
+    it saved: count, metadata; the ops it ran: divergence), torch's own debug wording leads."""
     width = max([len(op) for op in forward] + [len("forward")])
     shorter = min(len(forward), len(recompute))
     first = next((i for i in range(shorter) if forward[i] != recompute[i]), shorter)
@@ -119,9 +140,10 @@ def debug_trace(error: str, forward: Sequence[str], recompute: Sequence[str], sa
         b = recompute[i] if i < len(recompute) else "-"
         lines.append(f"{i:>5}  {a:<{width}}  {b}{'  <<' if i == first else ''}")
     kept = ", ".join(saved) if saved else "nothing (full activation checkpointing, or no selective policy)"
+    head = f"{TORCH_DEBUG_HEAD}\n{TORCH_DEBUG_NON_DETERMINISM}\n" if differs else ""
     return (
-        f"{error}\n\nsac2 debug trace (debug=True): the ops the checkpointed function dispatched, first difference "
-        f"marked <<\n" + "\n".join(lines) + f"\nsac2 saved: {kept}"
+        f"{head}{error.rstrip()}\n\nsac2 debug trace (debug=True): the ops the checkpointed function dispatched, "
+        f"first difference marked <<\n" + "\n".join(lines) + f"\nsac2 saved: {kept}"
     )
 
 

@@ -8,13 +8,19 @@ Raised or warned by ``sac2.modes.forward``, ``sac2.record.record`` and ``sac2.re
 from __future__ import annotations
 
 __all__ = [
-    "DIVERGED", "diverged", "recompute_diverged", "recompute_ran_past_forward", "recompute_ended_early",
-    "region_diverged", "regions_ended_early", "unseen_writes", "overlapping_write", "stale_in_forward",
-    "stale_after_region", "saved_output_modified",
+    "RecomputeDiverged", "DIVERGED", "diverged", "recompute_diverged", "recompute_ran_past_forward",
+    "recompute_ended_early", "region_diverged", "regions_ended_early", "unseen_writes", "overlapping_write",
+    "stale_in_forward", "stale_after_region", "saved_output_modified",
 ]
 
 
 # --- divergence: recompute ran other ops than forward -------------------------------------------------------------
+
+
+class RecomputeDiverged(RuntimeError):
+    """A recompute ran other ops (or regions) than its forward did: a ``RuntimeError``, which ``debug=True`` explains
+    as torch explains its own non-determinism errors (``sac2.frame.frame``)."""
+
 
 DIVERGED = (
     "The checkpointed function must run the same ops in backward as in forward: look for control flow that "

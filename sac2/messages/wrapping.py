@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ __all__ = [
     "NO_ATTENTION_CALL", "nested_regions", "region_is_checkpointed", "region_holds_checkpoints",
     "region_is_container", "region_forward_on_instance", "mode_above_sac2_modes", "not_an_op_path",
     "not_a_wrap_policy", "INSTALL_UNINSTALLED", "install_rebound", "torchtitan_blocks_unwrapped",
-    "bench_memory_bad_device",
+    "bench_memory_bad_device", "block_label", "eager_fallback",
 ]
 
 
@@ -221,6 +222,40 @@ def install_rebound(names: Sequence[str]) -> str:
     return (
         "sac2.integrations.install: these names still run torch's activation checkpointing, not sac2's: "
         f"{names}. Something rebound them after install(); call install() again."
+    )
+
+
+# --- a checkpointed block under torch.compile -----------------------------------------------------------------------
+
+
+def block_label(block: object) -> str:
+    """How a warning names a checkpointed block: a function's (a partial's, a bound method's) qualified name, else
+    the class of the object checkpointed (a module)."""
+    while isinstance(block, functools.partial):
+        block = block.func
+    qualname = getattr(block, "__qualname__", None)
+    return qualname if isinstance(qualname, str) else type(block).__name__
+
+
+def _graph_break(graph_break: tuple[str, str] | None) -> str:
+    """dynamo's graph break, reason and place, in a line: its kind (the reason's first line) and its debug context."""
+    if graph_break is None:
+        return "dynamo recorded no graph break since torch._dynamo.reset() (it may have skipped the frame)"
+    reason, where = graph_break
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    context = [line for line in lines if line.startswith("Developer debug context:")]
+    kind = "; ".join(lines[:1] + [c.removeprefix("Developer debug context:").strip() for c in context])
+    return f"dynamo's last graph break: {kind} (at {where})"
+
+
+def eager_fallback(block: str | None, graph_break: tuple[str, str] | None) -> str:
+    """A checkpointed block (``block``: its label; None where only sac2's contexts know it ran: torch's checkpoint
+    called with sac2's ``context_fn``) runs eagerly under torch.compile; ``graph_break``: dynamo's last one."""
+    what = f"the checkpointed block {block}" if block else "a block torch's checkpoint runs with sac2's context_fn"
+    return (
+        f"sac2: {what} ran eagerly under torch.compile: dynamo could not trace its checkpoint, so the block and its "
+        f"recompute run outside the compiled graph. {_graph_break(graph_break)}. TORCH_LOGS=graph_breaks shows "
+        f"every graph break; warnings.simplefilter('error', sac2.EagerFallbackWarning) makes this an error."
     )
 
 

@@ -24,7 +24,7 @@ import torch
 from sac2 import _compat, messages
 from sac2.core import keys, writes
 from sac2.core.decisions import SAVE_OFFLOAD, CheckpointPolicy, ForwardContext, PolicyFn, SaveList, decide, op_name
-from sac2.core.notices import count_forward, warn_once
+from sac2.core.notices import count_forward, forward_entered, forward_exited, warn_once
 from sac2.core.opinfo import HOP, IGNORE, KEYED, PLAIN, TABLE, VIEW, OpInfo, info
 from sac2.core.rng import rng_before, rng_moved
 from sac2.modes import dispatch_flags
@@ -114,6 +114,7 @@ class CachingMode(SacMode):
         self._pending: list[Saved] = []  # entries whose versions are read at the next op (after autograd's bump)
         self._policy_error: TypeError | None = None
         self._tracer: Tracer | None = None  # while torch.compile traces this forward
+        self._fell_back = False  # entered eagerly inside a torch.compile region (``notices.forward_entered``)
 
     def __enter__(self) -> Self:
         count_forward()
@@ -124,7 +125,10 @@ class CachingMode(SacMode):
             elif not schedule.in_frame():
                 warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)
         self.record.start_forward(self.saved_tensors_hooks)
-        return super().__enter__()
+        entered = super().__enter__()
+        # Eager, and not torch's checkpoint operator run eagerly (the eager backend), which sets its graph id.
+        self._fell_back = self._tracer is None and self.ac_graph_id is None and forward_entered()
+        return entered
 
     def __torch_dispatch__(
         self,
@@ -331,6 +335,9 @@ class CachingMode(SacMode):
                 record.end_forward(self.saved_tensors_hooks)
         finally:
             super().__exit__(exc_type, exc, tb)
+            if self._fell_back:
+                self._fell_back = False
+                forward_exited(exc_type is None)
         error, self._policy_error = self._policy_error, None
         if error is not None and exc is not error:
             raise error

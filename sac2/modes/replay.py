@@ -102,7 +102,8 @@ class ReplayMode(SacMode):
         except IndexError:
             if func is _CAST or op.free:
                 return op.call(*args, **kwargs)  # rules 2 and 3 (see _realign)
-            raise RuntimeError(messages.recompute_ran_past_forward(op_name(key), i, len(self._log))) from None
+            ran_past = messages.recompute_ran_past_forward(op_name(key), i, len(self._log))
+            raise messages.RecomputeDiverged(ran_past) from None
         self._cursor = i + 1
         if entry is key:
             return self._redraw(i, op, args, kwargs) if op.random else op.call(*args, **kwargs)
@@ -175,7 +176,7 @@ class ReplayMode(SacMode):
             self._cursor = j + 1
             return self._serve(entry, j, func, args, kwargs)
         advice = messages.diverged(op_name(self.record.key_at(i)))
-        raise RuntimeError(messages.recompute_diverged(i, self.record.describe(i), op_name(key), advice))
+        raise messages.RecomputeDiverged(messages.recompute_diverged(i, self.record.describe(i), op_name(key), advice))
 
     def _skippable(self, j: int) -> bool:
         """Whether recompute may pass over position ``j`` of the record (rules 2 and 3 of ``_realign``)."""
@@ -209,4 +210,4 @@ class ReplayMode(SacMode):
         self.record.end_recompute()
         super().__exit__(exc_type, exc, tb)
         if exc_type is None and cursor != n:
-            raise RuntimeError(messages.recompute_ended_early(cursor, n, self.record.describe(cursor)))
+            raise messages.RecomputeDiverged(messages.recompute_ended_early(cursor, n, self.record.describe(cursor)))

@@ -92,4 +92,4 @@ def _host_save(x: Tensor, block: Block, rank: int, number: int) -> HostSave | No
 
 
 # Autograd calls these from C++, also inside compiled code, where dynamo would trace them as the user's code.
-_compat.skip_dynamo_in_code(_unpack_input, unpack_body)
+_compat.skip_dynamo_in_code(saved_input, _unpack_input, unpack_body)

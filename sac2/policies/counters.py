@@ -22,11 +22,21 @@ __all__ = ["FlopCount", "TimeCount", "Counter"]
 Tensor = torch.Tensor
 
 
-class FlopCount(TorchDispatchMode):
-    """Adds up estimated FLOPs of every op below the profile: torch's formula where it has one, else one per
-    output element. A HOP counts as one op (its body runs below this mode, unseen)."""
+class _Counting(TorchDispatchMode):
+    """What both cost counters share: compiled code called below them compiles (dynamo skips a frame under a mode
+    that does not say so, and then never compiles that code again in the process: a compiled submodule of a
+    profiled block would run eagerly for good), and its ops are counted as they dispatch."""
 
     supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+
+class FlopCount(_Counting):
+    """Adds up estimated FLOPs of every op below the profile: torch's formula where it has one, else one per
+    output element. A HOP counts as one op (its body runs below this mode, unseen)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -50,10 +60,8 @@ class FlopCount(TorchDispatchMode):
         return out
 
 
-class TimeCount(TorchDispatchMode):
+class TimeCount(_Counting):
     """Adds up the wall time of every op below the profile, synchronising the inputs' accelerators around each."""
-
-    supports_higher_order_operators = True
 
     def __init__(self, inputs: tuple[Any, ...]) -> None:
         super().__init__()

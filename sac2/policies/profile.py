@@ -348,3 +348,8 @@ def outside_storages(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> set[int
     if isinstance(fn, torch.nn.Module):
         found |= {storage_key(t) for t in (*fn.parameters(), *fn.buffers())}
     return found
+
+
+# Autograd calls the profile's pack hooks from C++, also inside compiled code (a compiled submodule of the profiled
+# block), where dynamo would trace them as the user's code.
+_compat.skip_dynamo_in_code(_WeakPack.__call__, _Profiling.note_saved, _RegionNotes.note)

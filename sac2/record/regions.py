@@ -30,7 +30,7 @@ from sac2 import _compat, messages
 from sac2.core import writes
 from sac2.core.decisions import SaveList, op_name
 from sac2.core.keys import Region
-from sac2.core.notices import count_forward, warn_once
+from sac2.core.notices import count_forward, forward_entered, forward_exited, warn_once
 from sac2.core.rng import rng_before, rng_moved
 from sac2.messages.internal import InternalError
 from sac2.offload import schedule
@@ -123,7 +123,7 @@ def replay_region(record: Record, i: int, call: RegionCall) -> Any:
         return call.run()
     if type(entry) is not Saved or entry.key is not key:
         ran = record.describe(i) if entry is not None else f"only {len(log)} ops"
-        raise RuntimeError(messages.region_diverged(i, ran, key.name))
+        raise messages.RecomputeDiverged(messages.region_diverged(i, ran, key.name))
     if entry.unseen_writes:
         return _rerun(entry, call)  # forward kept its backward state (but what it rebuilds)
     if entry.modified():
@@ -241,13 +241,19 @@ class RegionForward(_Context):
             schedule.use()
         #: As ``CachingMode.saved_tensors_hooks``: the user's hooks saved regions go through, or None.
         self.saved_tensors_hooks: _compat.HookPair | None = None
+        self.fell_back = False  # entered inside a torch.compile region (``notices.forward_entered``)
+        self.ac_graph_id: int | None = None  # set by torch's checkpoint operator when it runs eagerly (eager backend)
 
     def __enter__(self) -> Self:
         count_forward()
         if (self.offloaded_names or self.offload_inputs) and not schedule.in_frame():
             warn_once("offload-frame", "torch's frame", messages.OFFLOAD_NEEDS_SAC2_FRAME)
         self.record.start_forward(self.saved_tensors_hooks)
-        return super().__enter__()
+        entered = super().__enter__()
+        # Only eager (under torch.compile the pair is dispatch modes), and not torch's checkpoint operator run eagerly
+        # (the eager backend), which sets its graph id.
+        self.fell_back = self.ac_graph_id is None and forward_entered()
+        return entered
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -255,6 +261,9 @@ class RegionForward(_Context):
         super().__exit__(exc_type, exc, tb)
         if exc_type is None:
             self.record.end_forward(self.saved_tensors_hooks)
+        if self.fell_back:
+            self.fell_back = False
+            forward_exited(exc_type is None)
 
     def saves_anything(self) -> bool:
         """Whether the forward saved some region."""
@@ -290,7 +299,7 @@ class RegionReplay(_Context):
         self.record.end_recompute()
         cursor, n = self._cursor, len(self.record.log)
         if exc_type is None and cursor < n:
-            raise RuntimeError(messages.regions_ended_early(cursor, n, self.record.describe(cursor)))
+            raise messages.RecomputeDiverged(messages.regions_ended_early(cursor, n, self.record.describe(cursor)))
 
 
 def region_only(policy: object) -> SaveList | None:

@@ -27,14 +27,17 @@ def register_kind(kind: str, make_forward: MakeForward) -> None:
     _kinds[kind] = make_forward
 
 
-def wrapping(wrap: Callable[..., Any]) -> MakeForward:
-    """A maker of forwards for ``register_kind`` from ``wrap(module, parent_forward, *args, **kwargs)``."""
+def wrapping(wrap: Callable[..., Any], bound: bool = True) -> MakeForward:
+    """A maker of forwards for ``register_kind`` from ``wrap(module, parent_forward, *args, **kwargs)``, given the
+    parent class's forward bound to the module, or (``bound=False``) the function itself. Where dynamo breaks the
+    graph inside the call it rebuilds a bound method by its name on the module, which names this replacement, not
+    the parent's: a kind whose call may break the graph (a checkpoint) takes the function."""
 
     def make_forward(cls: type[nn.Module]) -> Callable[..., Any]:
         def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             # The parent's forward read from ``cls``, a closure cell dynamo guards once per class, not through
             # ``super()``, whose MRO walk it guards on every instance.
-            return wrap(self, cls.forward.__get__(self), *args, **kwargs)
+            return wrap(self, cls.forward.__get__(self) if bound else cls.forward, *args, **kwargs)
 
         return forward
 

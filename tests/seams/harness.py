@@ -7,9 +7,10 @@ to compare with the same backward style run without checkpointing. The rules for
 
 Cells sharing a (route, execution, policy) reuse one setup, one after another (``matrix.selected()`` orders
 them so): the model is built, wrapped and compiled once and each backward style is a step on it, as training
-runs several steps (compiled backward styles that keep the graph get a setup of their own: ``_key``). A compiled
-setup runs one warm-up step when built (compiling forward and backward); the step a cell checks must then not
-compile again, and no graph may break (as under fullgraph).
+runs several steps (compiled backward styles that keep the graph get a setup of their own: ``_key``). A setup that
+compiles (the whole step, or code inside the blocks: ``compile_inside``) runs one warm-up step when built
+(compiling forward and backward); the step a cell checks must then not compile again, and no graph may break (as
+under fullgraph), but where a ``falls_back`` rule says the checkpoint runs eagerly, which sac2 must have warned of.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ class Problem:
     blocks: list[tuple[str, nn.Module]]
     linear: str
     profile: Callable[[], tuple[Callable, tuple]]
+    norms: tuple[str, ...]  # the blocks' norm submodules, whose forward an INSIDE "function" execution compiles
 
 
 def _small() -> Problem:
@@ -148,7 +150,7 @@ def _small() -> Problem:
     named = list(model.named_parameters())
     layer0 = model.layers[0]
     return Problem("small", model, (x,), _small_loss, ["input"] + [n for n, _ in named], [x] + [p for _, p in named],
-                   [(f"layers.{i}", m) for i, m in enumerate(model.layers)], "down", lambda: (layer0, (x,)))
+                   [(f"layers.{i}", m) for i, m in enumerate(model.layers)], "down", lambda: (layer0, (x,)), ("norm",))
 
 
 def _hf() -> Problem:
@@ -177,7 +179,8 @@ def _hf() -> Problem:
 
     ids = tokens()
     return Problem("hf", model, (ids,), _hf_loss, [n for n, _ in named], [p for _, p in named],
-                   [(f"model.layers.{i}", m) for i, m in enumerate(layers)], "mlp.down_proj", profile)
+                   [(f"model.layers.{i}", m) for i, m in enumerate(layers)], "mlp.down_proj", profile,
+                   ("input_layernorm", "post_attention_layernorm"))
 
 
 def _titan() -> Problem:
@@ -190,7 +193,7 @@ def _titan() -> Problem:
     ids = tokens(vocab=model.tok_embeddings.num_embeddings, seq=9)
     return Problem("torchtitan", model, (ids,), _titan_loss, [n for n, _ in named], [p for _, p in named],
                    [(f"layers.{n}", m) for n, m in model.layers.named_children()], "feed_forward.w2",
-                   lambda: pytest.fail("no budget on the torchtitan route"))
+                   lambda: pytest.fail("no budget on the torchtitan route"), ("attention_norm", "ffn_norm"))
 
 
 _PROBLEMS = {"hf": _hf, "torchtitan": _titan}
@@ -357,6 +360,21 @@ _COMPILE: dict[str, dict[str, Any]] = {
 }
 
 
+def compile_inside(execution: str, p: Problem) -> None:
+    """Compile code inside ``p``'s blocks by an ``INSIDE`` execution (``<what>_<backend>``): every direct submodule
+    of each block (``module.compile``; dynamo runs torch's own modules, such as ``nn.Linear``, as they are), or
+    the forward of each block's norms as a function (``torch.compile(norm.forward)``, set on the instance)."""
+    what, backend = execution.split("_", 1)
+    for _, block in p.blocks:
+        if what == "submodules":
+            for child in block.children():
+                child.compile(backend=backend)
+        else:
+            for name in p.norms:
+                norm = block.get_submodule(name)
+                norm.forward = torch.compile(norm.forward, backend=backend)
+
+
 # ---- what is around the step (the user's tools) ----
 
 
@@ -461,6 +479,7 @@ class Setup:
     installation: Any = None
     error: BaseException | None = None
     warm_count: int = 0  # forward_count's move over the warm-up step (compiled setups)
+    fallbacks: int = 0  # the EagerFallbackWarnings of the warm-up step
 
 
 _current: Setup | None = None
@@ -475,8 +494,8 @@ def close() -> None:
 
 
 def _kept(cell: Cell) -> bool:
-    """Whether a compiled cell's backward keeps its graph (retain_graph, create_graph)."""
-    return cell.compiled and cell.backward in ("retain_twice", "double")
+    """Whether a cell with compiled code has a backward that keeps its graph (retain_graph, create_graph)."""
+    return cell.compiles and cell.backward in ("retain_twice", "double")
 
 
 def _key(cell: Cell) -> tuple[str, ...]:
@@ -495,16 +514,21 @@ def _build(cell: Cell) -> Setup:
     try:
         if cell.offload == "inputs" and isinstance(p.model, Net):
             p.model.activation_input = True  # else block 0's input is the caller's leaf, block 1 the last: none moves
+        if cell.inside:  # as a user compiles parts of the model, then checkpoints its blocks
+            compile_inside(cell.execution, p)
         with stand_in() if offloads(cell) else contextlib.nullcontext():  # apply_ac offloads where a device is
             setup.installation = apply_route(cell, p)
         loss = p.loss
         if cell.compiled:
             loss = torch.compile(loss, **_COMPILE[cell.execution])
         setup.step = lambda: loss(p.model, *p.inputs)
-        if cell.compiled:  # warm up: compile forward and backward, in a backward style that succeeds
+        if cell.compiles:  # warm up: compile forward and backward, in a backward style that succeeds
             before = sac2.forward_count()
-            run_backward("retain_twice" if _kept(cell) else "once", setup.step, p.names, p.leaves)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", sac2.EagerFallbackWarning)
+                run_backward("retain_twice" if _kept(cell) else "once", setup.step, p.names, p.leaves)
             setup.warm_count = sac2.forward_count() - before
+            setup.fallbacks = sum(issubclass(w.category, sac2.EagerFallbackWarning) for w in caught)
     except Exception as error:  # every cell of this setup reports it
         setup.error = error
     return setup
@@ -564,12 +588,17 @@ def _run_cell(cell: Cell) -> None:
         if cell.offload != "none" and not cell.around.startswith(("save_on_cpu", "user_hooks")):
             assert link is not None and any(kind == "to_host" for kind, _ in link.log), "nothing was offloaded"
         want = reference(cell.route if cell.route in LIBRARY else "small", cell.backward, cell.around)
-        compare(got, want, exact=not cell.compiled)
+        compare(got, want, exact=not cell.compiles)
     assert not torch._C._len_torch_dispatch_stack(), "a dispatch mode was left on the stack"
     if cell.counts:
         moved = setup.warm_count if cell.compiled else sac2.forward_count() - before
         assert moved > 0, "sac2.forward_count() did not move: sac2 did not run this checkpoint"
-    if cell.compiled:
+    if cell.inside:  # the code inside the blocks ran compiled, not eagerly (which a skipped frame would, silently)
+        assert counters["stats"]["unique_graphs"] > 0, "nothing inside the blocks compiled"
+    if cell.compiles:
         breaks = dict(counters["graph_break"])
-        assert not breaks, f"graph breaks: {breaks}"
+        if cell.falls_back:
+            assert breaks and setup.fallbacks, f"expected a fallback that sac2 warns about: {breaks}"
+        else:
+            assert not breaks, f"graph breaks: {breaks}"
         assert counters["stats"]["unique_graphs"] == graphs, "a later step compiled again"

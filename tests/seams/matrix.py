@@ -2,7 +2,9 @@
 must do, and the cells the suite runs (a pairwise covering design by default, the full product on request).
 
 A cell is one (route, execution, policy, backward, around, offload) combination; its id is
-``route-execution-policy-backward-around-offload``.
+``route-execution-policy-backward-around-offload``. An execution compiles the whole step (``COMPILED``: the
+checkpoint is torch's operator in a graph) or only code inside the blocks (``INSIDE``: the checkpoint runs eagerly,
+on sac2's frame, around compiled submodules or a compiled function).
 Every rule is here, with its reason in words: which combinations are excluded, which end in an error torch
 documents, where ``sac2.forward_count()`` cannot move because sac2 is not in the path, and which cells are known
 sac2 bugs (``pytest.mark.xfail(strict=True)`` until fixed). ``tests/seams/harness.py`` only runs a cell.
@@ -17,6 +19,7 @@ need no client library), so CI runs no cell twice.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import itertools
 import os
@@ -26,7 +29,8 @@ from typing import Callable
 import torch.utils.checkpoint as tuc
 
 __all__ = [
-    "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "AROUND", "OFFLOAD", "DIMENSIONS", "COMPILED", "Cell", "Rule",
+    "ROUTES", "EXECUTIONS", "POLICIES", "BACKWARDS", "AROUND", "OFFLOAD", "DIMENSIONS", "COMPILED", "INSIDE", "Cell",
+    "Rule",
     "RULES",
     "BUGS",
     "LIBRARY", "CI_FULL", "product", "valid_cells", "pairs_of", "pairwise", "trimmed", "selected", "bug_of",
@@ -34,6 +38,8 @@ __all__ = [
 
 #: Whether this torch's checkpoint takes respect_saved_tensors_hooks (2.14+).
 _TORCH_TAKES_HOOKS_FLAG = "respect_saved_tensors_hooks" in inspect.signature(tuc.checkpoint).parameters
+#: Whether transformers' attention runs under the kernels package's wrapper (transformers 5.25+ requires kernels).
+_HF_KERNELS = importlib.util.find_spec("kernels") is not None
 
 # ---- the dimensions ----
 
@@ -49,7 +55,13 @@ ROUTES = (
     # full AC and for offload (whose schedule runs on sac2's frame)
     "torchtitan",  # sac2.integrations.torchtitan.apply_ac(FullAC / SelectiveAC config, model)
 )
-EXECUTIONS = ("eager", "aot_eager", "inductor", "fullgraph", "dynamic")
+EXECUTIONS = (
+    "eager", "aot_eager", "inductor", "fullgraph", "dynamic",
+    # compiled code inside an eager checkpoint: each block's submodules compiled (module.compile) or the forward of
+    # its norms compiled as a function (torch.compile(module.forward)), with each backend
+    "submodules_eager", "submodules_aot_eager", "submodules_inductor",
+    "function_eager", "function_aot_eager", "function_inductor",
+)
 POLICIES = (
     "full",  # no context_fn: full activation checkpointing
     "op_list",  # [aten.mm, aten.addmm, aten.bmm]
@@ -88,14 +100,21 @@ OFFLOAD = (  # what apply_ac(offload=...) moves to host memory on top of the pol
 )
 DIMENSIONS = {"route": ROUTES, "execution": EXECUTIONS, "policy": POLICIES, "backward": BACKWARDS, "around": AROUND,
               "offload": OFFLOAD}
-COMPILED = frozenset(EXECUTIONS) - {"eager"}
+#: The step is compiled: the checkpoint is torch's operator, traced into the graph.
+COMPILED = frozenset({"aot_eager", "inductor", "fullgraph", "dynamic"})
+#: Code inside the blocks is compiled; the checkpoint runs eagerly around it.
+INSIDE = frozenset(EXECUTIONS) - COMPILED - {"eager"}
 
 #: The library a route needs; its cells skip (pytest.importorskip, naming it) where it is not installed.
 LIBRARY = {"hf": "transformers", "torchtitan": "torchtitan"}
 
 #: Rough relative cost of a value, used only to break ties when the pairwise design picks between cells that
 #: cover as many new pairs: the cheaper cell wins, so the default suite compiles no more than coverage needs.
-_COST = {"aot_eager": 1, "fullgraph": 1, "dynamic": 3, "inductor": 4, "hf": 2, "torchtitan": 3}
+_COST = {
+    "aot_eager": 1, "fullgraph": 1, "dynamic": 3, "inductor": 4, "submodules_eager": 1, "function_eager": 1,
+    "submodules_aot_eager": 1, "function_aot_eager": 1, "submodules_inductor": 4, "function_inductor": 4, "hf": 2,
+    "torchtitan": 3,
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -115,6 +134,21 @@ class Cell:
     def compiled(self) -> bool:
         return self.execution in COMPILED
 
+    @property
+    def inside(self) -> bool:
+        """Compiled code inside an eager checkpoint."""
+        return self.execution in INSIDE
+
+    @property
+    def aot(self) -> bool:
+        """Something in the step is compiled through AOTAutograd (every backend but dynamo's eager one)."""
+        return self.compiled or (self.inside and self.execution.split("_", 1)[1] != "eager")
+
+    @property
+    def compiles(self) -> bool:
+        """Something in the step compiles: its graphs are counted, its gradients compared within tolerances."""
+        return self.compiled or self.inside
+
     def value(self, dimension: str) -> str:
         return getattr(self, dimension)
 
@@ -122,6 +156,12 @@ class Cell:
     def expected_error(self) -> Rule | None:
         """The ``error`` rule this cell must end in (its ``match`` is a regex on the message), or None."""
         return next((r for r in RULES if r.kind == "error" and r.when(self)), None)
+
+    @property
+    def falls_back(self) -> bool:
+        """Whether this compiled cell's checkpoints break dynamo's graph and run eagerly, sac2 warning the user
+        (a ``falls_back`` rule)."""
+        return any(r.kind == "falls_back" and r.when(self) for r in RULES)
 
     @property
     def counts(self) -> bool:
@@ -150,7 +190,9 @@ class Rule:
     error matching ``match``), ``not_sac2`` (sac2 is not in the path: forward_count is not checked),
     ``plain_context_fn`` (the documented way to pass this policy is a plain function, not a partial),
     ``no_donated_buffers`` (the cell compiles and runs with ``torch._functorch.config.donated_buffer=False``),
-    ``no_fx_graph_cache`` (the cell compiles with inductor's FX graph cache off)."""
+    ``no_fx_graph_cache`` (the cell compiles with inductor's FX graph cache off), ``falls_back`` (a compiled cell
+    whose checkpoints break the graph and run eagerly: the cell checks that sac2 warned, ``EagerFallbackWarning``,
+    and the gradients)."""
 
     kind: str
     text: str
@@ -195,11 +237,12 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "exclude",
-        "A user's dispatch mode or saved-tensor hooks around compiled code: dynamo skips frames under a dispatch "
-        "mode that does not ignore compile internals (torch's 'non-infra torch dispatch mode present'), and "
-        "saved-tensor hooks around a compiled region are torch's business, so compiled cells would test eager "
-        "again or torch alone. The tools are crossed with every route, policy and backward in eager.",
-        lambda c: c.compiled and c.around != "none",
+        "A user's dispatch mode or saved-tensor hooks around compiled code (the step, or submodules inside the "
+        "checkpoint): dynamo skips frames under a dispatch mode that does not ignore compile internals (torch's "
+        "'non-infra torch dispatch mode present'), and saved-tensor hooks around a compiled region are torch's "
+        "business, so these cells would test eager again or torch alone. The tools are crossed with every route, "
+        "policy and backward in eager.",
+        lambda c: c.compiles and c.around != "none",
     ),
     Rule(
         "exclude",
@@ -207,6 +250,13 @@ RULES: tuple[Rule, ...] = (
         "its partitioner decides what is kept, so a compiled cell would not offload; torchtitan's AC config has no "
         "offload option for the route to pass.",
         lambda c: c.offload != "none" and (c.compiled or c.route == "torchtitan"),
+    ),
+    Rule(
+        "exclude",
+        "A module made a region and compiled on its own (module.compile() on the attention module itself) is traced "
+        "by dynamo, region annotation and all, as its own graph: inside an eager checkpoint it is compiled code the "
+        "checkpoint recomputes, not a region it sees, so there is nothing to offload (docs/compiled.md).",
+        lambda c: c.offload == "regions" and c.execution.startswith("submodules_"),
     ),
     Rule(
         "exclude",
@@ -227,11 +277,35 @@ RULES: tuple[Rule, ...] = (
             )
         ]
     ),
+    *(  # rules of transformers with the kernels package (5.25+) only, so that no rule is dead without it
+        [
+            Rule(
+                "falls_back",
+                "transformers 5.25's attention (the kernels package's wrapper) sets and resets a context variable, "
+                "which dynamo refuses inside torch's checkpoint operator ('HOP: Unsafe side effect'). The hf route "
+                "with a context_fn is HF's gradient_checkpointing_kwargs without install(): torch's checkpoint, "
+                "called by HF, which sac2 does not reach while dynamo traces, so each layer breaks the graph and "
+                "runs eagerly, as on stock torch; sac2 warns (EagerFallbackWarning). install() (the full-AC cells) "
+                "and sac2's own routes keep the change in the graph (docs/huggingface.md).",
+                lambda c: c.route == "hf" and c.compiled and c.policy != "full" and c.execution != "fullgraph",
+            ),
+            Rule(
+                "exclude",
+                "The same under fullgraph=True: dynamo raises its graph break ('HOP: Unsafe side effect') while it "
+                "compiles, before any step runs, as it does on stock torch; the fallback cells show the route.",
+                lambda c: c.route == "hf" and c.execution == "fullgraph" and c.policy != "full",
+            ),
+        ]
+        if _HF_KERNELS
+        else []
+    ),
     Rule(
         "error",
         "Double backward under torch.compile is unsupported by torch.compile itself: AOTAutograd's compiled backward "
-        "is not differentiable, and the second backward raises whether or not anything is checkpointed.",
-        lambda c: c.compiled and c.backward == "double",
+        "(of the step, or of a compiled submodule inside the checkpoint) is not differentiable, and the second "
+        "backward raises whether or not anything is checkpointed (dynamo's eager backend has no AOTAutograd: it "
+        "differentiates twice).",
+        lambda c: c.aot and c.backward == "double",
         match="torch.compile with aot_autograd does not currently support double backward",
     ),
     Rule(
@@ -253,7 +327,7 @@ RULES: tuple[Rule, ...] = (
         "A compiled backward that donates buffers refuses retain_graph=True and create_graph=True, whatever is "
         "checkpointed; torch's error says to set torch._functorch.config.donated_buffer=False, as a user must: these "
         "cells compile and run with it off (whether a backward donates depends on what the policy saves).",
-        lambda c: c.compiled and c.backward in ("retain_twice", "double"),
+        lambda c: c.aot and c.backward in ("retain_twice", "double"),
     ),
     Rule(
         "no_fx_graph_cache",
@@ -261,7 +335,7 @@ RULES: tuple[Rule, ...] = (
         "backward compiled and cached with donated buffers (by a once/inputs cell) is served to a compile with "
         "donated_buffer=False, and backward(retain_graph=True) twice then gives wrong gradients, silently. These "
         "cells compile with the FX graph cache off (torch._inductor.config.fx_graph_cache=False).",
-        lambda c: c.execution == "inductor" and c.backward in ("retain_twice", "double"),
+        lambda c: c.execution.endswith("inductor") and c.backward in ("retain_twice", "double"),
     ),
     Rule(
         "not_sac2",
