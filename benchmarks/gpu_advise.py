@@ -1,6 +1,6 @@
 """Factories for ``python -m sac2 advise --factory``: the bench's llama-style models (``sac2.bench.models``) with a
-batch of random tokens, so advise's CUDA path (deterministic kernels, memory, the bitwise check) runs on a GPU
-machine without transformers.
+batch of random tokens, so advise's CUDA path (deterministic kernels, memory, the bitwise check, the offload rows
+and the host link's bandwidth) runs on a GPU machine without transformers.
 
     python -m sac2 advise --factory benchmarks.gpu_advise:medium --device cuda --steps 5    # GPU, under a minute
     python -m sac2 advise --factory benchmarks.gpu_advise:tiny --steps 1                    # CPU: what the tests run

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import importlib.util
 import io
@@ -28,8 +29,10 @@ from sac2.__main__ import main
 from sac2.advisor import cli as advisor_cli
 from sac2.advisor.advice import TIE, ratio, recommend
 from sac2.api.wrappers import CheckpointWrapper
+from sac2.measure import host_link
 from sac2.measure.memory import measure_step
 from sac2.measure.step import Progress, Result
+from sac2.offload.standin import stand_in
 
 
 class Attention(nn.Module):
@@ -68,11 +71,11 @@ class Model(nn.Module):
         return x
 
 
-def make_model() -> tuple[Any, tuple[torch.Tensor]]:  # Any: tests read model.layers[0].up, which nn.Module's
-    # stubs type as Tensor | Module
-    """The factory ``--factory test_advise:make_model`` imports."""
+def make_model(n: int = 2) -> tuple[Any, tuple[torch.Tensor]]:  # Any: tests read model.layers[0].up, which
+    # nn.Module's stubs type as Tensor | Module
+    """The factory ``--factory test_advise:make_model`` imports (``n`` blocks)."""
     torch.manual_seed(0)
-    return Model(), (torch.randn(2, 16, 32, requires_grad=True),)
+    return Model(n=n), (torch.randn(2, 16, 32, requires_grad=True),)
 
 
 def _sum_of(model: nn.Module, inputs: tuple[torch.Tensor]) -> torch.Tensor:
@@ -126,7 +129,7 @@ class TestAdvice(TestCase):
             return m(*inputs).float().sum()
 
         for candidate in advisor.candidates_for(model, inputs):
-            if candidate.name in self.advice.skipped:
+            if candidate.name in self.advice.skipped or candidate.offload:  # no offload rows on the CPU
                 continue
             copy_ = copy.deepcopy(model)
             candidate.prepare(copy_)
@@ -198,12 +201,101 @@ class TestAdvice(TestCase):
         self.assertEqual((data["pareto_front"], data["recommended"], data["code"]),
                          (self.advice.front, self.advice.recommended, self.advice.code))
 
+    def test_without_an_accelerator_there_are_no_offload_rows_and_one_note_says_why(self):
+        self.assertEqual([r.name for r in self.advice.rows if r.name.startswith("offload")], [])
+        self.assertIsNone(self.advice.host_link)
+        self.assertExpectedInline("\n".join(n for n in self.advice.notes if "offload" in n), """\
+no offload rows: offload (sac2.apply_ac(offload=...)) moves tensors from a CUDA device to pinned host memory, and on cpu it would move nothing; run advise on a CUDA device to measure them.""")  # noqa: E501
+
     def test_plot_writes_a_png(self):
         pytest.importorskip("matplotlib")
         path = f"{tempfile.mkdtemp()}/advice.png"
         self.advice.plot(path)
         with open(path, "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+#: The offload rows, and the row each keeps the same tensors of, on the device.
+OFFLOAD_TWINS = {"offload inputs": "full AC", "offload inputs+attention": "regions attention"}
+#: What the offload rows move on ``make_model(3)``: the middle block's input (the first block's is the caller's
+#: leaf, the last block keeps its own), and the first two blocks' attention output and logsumexp (float32).
+INPUT_BYTES, ATTENTION_BYTES = 2 * 16 * 32 * 4, 2 * (2 * 4 * 16 * 8 + 2 * 4 * 16) * 4
+
+
+@pytest.fixture(scope="module")
+def on_a_device() -> tuple[sac2.Advice, list[tuple[str, object]]]:
+    """``sac2.advise`` through the CPU stand-in for a device, on three blocks, the offload rows beside their twins;
+    and the stand-in's log of what was copied."""
+    model, inputs = make_model(3)
+    with stand_in() as link:
+        advice = sac2.advise(model, inputs, steps=1, progress=False, candidates=[*OFFLOAD_TWINS.values(),
+                                                                                 *OFFLOAD_TWINS])
+    return advice, link.log
+
+
+@pytest.fixture
+def _attach_device(request, on_a_device):
+    request.instance.advice, request.instance.log = on_a_device
+
+
+@pytest.mark.usefixtures("_attach_device")
+class TestOffloadRows(TestCase):
+    advice: sac2.Advice  # set by _attach_device
+    log: list[tuple[str, object]]
+
+    def test_on_a_device_the_offload_rows_run_with_their_lines_of_code(self):
+        self.assertEqual({r.name: r.policy for r in self.advice.rows if r.name in OFFLOAD_TWINS}, {
+            "offload inputs": 'sac2.apply_ac(model, mode="full", offload=["inputs"])',
+            "offload inputs+attention": 'sac2.apply_ac(model, mode="full", offload=["inputs", "attention"])',
+        })
+
+    def test_an_offload_row_keeps_in_host_memory_what_it_moved_and_on_the_device_what_its_twin_keeps_less_that(self):
+        moved = {"offload inputs": INPUT_BYTES, "offload inputs+attention": INPUT_BYTES + ATTENTION_BYTES}
+        for name, twin in OFFLOAD_TWINS.items():
+            row = self.advice.row(name)
+            self.assertEqual(row.host_bytes, moved[name], name)
+            self.assertEqual(row.kept_bytes, self.advice.row(twin).kept_bytes - row.host_bytes, name)
+
+    def test_offload_rows_match_no_checkpointing_bit_for_bit(self):
+        self.assertEqual([r.name for r in self.advice.rows if not r.equal], [])
+
+    def test_every_offload_line_of_code_runs_as_printed_and_keeps_what_its_row_kept(self):
+        model, inputs = make_model(3)
+        for name in OFFLOAD_TWINS:
+            row, copy_ = self.advice.row(name), copy.deepcopy(model)
+            with stand_in():
+                exec(row.policy, {"sac2": sac2, "model": copy_})  # noqa: S102
+                memory, _ = measure_step(functools.partial(_sum_of, copy_, inputs), "cpu")
+            self.assertEqual((memory.kept, memory.host), (row.kept_bytes, row.host_bytes), name)
+
+    def test_the_host_link_is_timed_copying_a_pinned_buffer_each_way_on_offloads_streams(self):
+        n, label = host_link.NBYTES, f"uint8[{host_link.NBYTES}]"
+        self.assertIn(("host_alloc", n), self.log)
+        for way in ("to_host", "to_device"):
+            self.assertEqual(self.log.count((way, label)), host_link.REPEATS, way)
+        link = self.advice.host_link
+        assert link is not None
+        self.assertEqual((link.link, link.nbytes), ("the CPU stand-in for a device, sac2.offload.standin", n))
+        self.assertGreater(min(link.to_host, link.to_device), 0)
+
+    def test_the_table_gives_each_rows_host_bytes_and_the_report_the_bandwidth(self):
+        lines = str(self.advice).splitlines()
+        header = lines[1].split()
+        self.assertEqual(header[header.index("peak") + 2: header.index("peak") + 4], ["host", "KiB"])
+        for r in self.advice.rows:
+            cells = next(line for line in lines if line.startswith(r.name + "  ")).split()
+            self.assertEqual(cells[len(r.name.split()) + 5], f"{r.host_bytes / 1024:.1f}", r.name)
+        link = self.advice.host_link
+        assert link is not None
+        self.assertIn(
+            f"host link (the CPU stand-in for a device, sac2.offload.standin): {link.to_host / 1e9:.2f} GB/s to the "
+            f"host, {link.to_device / 1e9:.2f} GB/s back (the median of 5 timed copies of a 64.00 MiB pinned buffer "
+            "each way, on offload's own streams)", lines)
+
+    def test_json_gives_each_rows_host_bytes_and_the_host_link(self):
+        data = json.loads(self.advice.to_json())
+        self.assertEqual([r["host_bytes"] for r in data["rows"]], [r.host_bytes for r in self.advice.rows])
+        self.assertEqual(data["host_link"], dataclasses.asdict(self.advice.host_link))
 
 
 class TestOptions(TestCase):
@@ -287,7 +379,7 @@ class TestOptions(TestCase):
             sac2.advise(model, inputs, steps=1, candidates=["regions everything"])
         self.assertExpectedInline(
             str(e.exception),
-            """sac2.advise: no candidate setup 'regions everything'; the built-in ones are: none, full AC, selective llm(), stock SAC llm(), regions attention, regions attention+linear+experts, regions linear, regions experts, budget.""",  # noqa: E501
+            """sac2.advise: no candidate setup 'regions everything'; the built-in ones are: none, full AC, selective llm(), stock SAC llm(), regions attention, regions attention+linear+experts, regions linear, regions experts, offload inputs, offload inputs+attention, budget.""",  # noqa: E501
         )
 
     def test_bad_memory_target(self):
@@ -331,8 +423,8 @@ class TestOptions(TestCase):
         self.assertEqual(budget.kept_bytes, direct.kept_bytes)
 
 
-def _row(name: str, kept: int, times: list[float], peak: int = 0) -> Result:
-    return Result(name, f"# {name}", step_s=times, kept_bytes=kept, peak_bytes=peak or kept)
+def _row(name: str, kept: int, times: list[float], peak: int = 0, host: int = 0) -> Result:
+    return Result(name, f"# {name}", step_s=times, kept_bytes=kept, peak_bytes=peak or kept, host_bytes=host)
 
 
 class TestRecommendation(TestCase):
@@ -355,6 +447,20 @@ class TestRecommendation(TestCase):
         self.assertEqual(advice.front, ["none", "a"])
         self.assertIn("(dominated by a)", advice.table().splitlines()[-1])
         self.assertIsNone(json.loads(advice.to_json())["rows"][2]["code"])
+
+    def test_a_row_keeping_less_on_the_device_by_keeping_bytes_in_host_memory_fits_a_device_target(self):
+        rows = [_row("none", 100, [1.0]), _row("full", 50, [2.0]), _row("offload", 30, [2.0], host=20)]
+        advice = recommend(rows, [False] * 3, {}, 40, "cuda", 1)
+        self.assertEqual((advice.fits(rows[2]), advice.recommended), (True, "offload"))
+
+    def test_a_faster_row_keeping_more_in_host_memory_dominates_no_row(self):
+        rows = [_row("none", 100, [1.0]), _row("full", 50, [2.0]), _row("offload", 50, [1.5], host=20)]
+        advice = recommend(rows, [False] * 3, {}, 60, "cuda", 1)
+        self.assertEqual((advice.dominated, advice.front), ({}, ["none", "full", "offload"]))
+
+    def test_of_tied_rows_keeping_as_much_on_the_device_the_one_keeping_least_in_host_memory_is_recommended(self):
+        rows = [_row("none", 100, [1.0]), _row("more", 30, [2.0], host=40), _row("less", 30, [2.0], host=20)]
+        self.assertEqual(recommend(rows, [False] * 3, {}, 60, "cuda", 1).recommended, "less")
 
     def test_the_recommended_row_is_never_dominated(self):
         # medians of ratios are not transitive: "c" ties the fastest, keeps least, yet "d" beats it beyond a tie

@@ -229,7 +229,7 @@ sac2.apply_ac: memory_budget= chooses what each block keeps, so it takes no poli
     def test_a_budget_takes_no_offload(self):
         with self.assertRaises(ValueError) as e:
             sac2.apply_ac(Model(), memory_budget=0.5, offload=["inputs"])
-        self.assertExpectedInline(str(e.exception), """sac2.apply_ac: memory_budget= chooses what each block keeps, so it takes no offload=; drop one of them.""")  # noqa: E501
+        self.assertExpectedInline(str(e.exception), """sac2.apply_ac: memory_budget= takes no offload=: a budget is a share of what the blocks keep on the device and prices keeping against recomputing there, not against the host link offload= pays. Drop one of them, or let sac2.advise measure both side by side (on a CUDA device it adds offload rows beside its budget row).""")  # noqa: E501
 
     def test_a_budget_above_one_must_be_bytes(self):
         with pytest.raises(ValueError, match="must be in \\[0, 1\\], got 1.5; pass an int for bytes"):

@@ -1,5 +1,6 @@
 """sac2.explain: a per-op report of what a policy keeps and recomputes, as a table, as JSON and as a plot."""
 
+import functools
 import os
 import tempfile
 
@@ -7,7 +8,11 @@ import torch
 from expecttest import TestCase
 from torch import nn
 
+import sac2
 from sac2.advisor.report import Report, explain, plot_budgets
+from sac2.core.decisions import SaveList
+from sac2.measure.memory import measure_step
+from sac2.offload.standin import stand_in
 from sac2.policies.budget import memory_budget
 
 aten = torch.ops.aten
@@ -111,3 +116,51 @@ total             3      64       0        0""")
         x = torch.ones(2, 4, requires_grad=True)
         self.assertEqual(explain(_sin_t_cos, x, save_all, cost="flops"),
                          explain(_sin_t_cos, (x,), save_all, cost="flops"))
+
+
+#: Saves relu's output on the device and offloads both Linears' outputs.
+OFFLOAD_ADDMM = SaveList([aten.relu.default], offload=[aten.addmm.default])
+
+
+class TestExplainOffload(TestCase):
+    def test_offloaded_calls_are_counted_in_host_memory_apart_from_what_the_device_keeps(self):
+        with stand_in():  # a device offload moves tensors off
+            report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
+        self.assertExpectedInline(str(report), """\
+op                  calls  saved B  host B  freed B  recompute (flop)  decision   rule
+------------------  -----  -------  ------  -------  ----------------  ---------  -------------------------
+aten.t.default      2      0        0       0        0                 recompute  view: re-run, never saved
+aten.addmm.default  2      0        768     0        0                 offload    save list
+aten.relu.default   1      512      0       0        0                 save       save list
+aten.tanh.default   1      0        0       256      64                recompute  save list
+total               6      512      768     256      64""")
+
+    def test_host_bytes_are_what_offload_moves_once_the_next_block_starts(self):
+        first, second, x = _mlp(), _mlp(), _input()
+        context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, OFFLOAD_ADDMM)
+
+        def two_blocks():  # the first block goes to the host when the second starts; the last keeps its own
+            return sac2.checkpoint(second, sac2.checkpoint(first, x, context_fn=context_fn), context_fn=context_fn)
+
+        with stand_in():
+            report = explain(first, (x,), OFFLOAD_ADDMM, cost="flops")
+            memory, _ = measure_step(lambda: two_blocks().sum(), "cpu")
+        self.assertEqual(memory.host, report.host_bytes)
+
+    def test_without_an_accelerator_an_offload_answer_keeps_the_bytes_on_the_device_and_it_says_so(self):
+        report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
+        self.assertExpectedInline(str(report), """\
+op                  calls  saved B  host B  freed B  recompute (flop)  decision   rule
+------------------  -----  -------  ------  -------  ----------------  ---------  -------------------------
+aten.t.default      2      0        0       0        0                 recompute  view: re-run, never saved
+aten.addmm.default  2      768      0       0        0                 offload    save list
+aten.relu.default   1      512      0       0        0                 save       save list
+aten.tanh.default   1      0        0       256      64                recompute  save list
+total               6      1280     0       256      64
+offloaded but kept on the device: 768 B (offload moves tensors off a CUDA device to host memory; these are not on one, so the offload answer saves them)""")  # noqa: E501
+
+    def test_json_round_trips_host_bytes(self):
+        with stand_in():
+            report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
+        back = Report.from_json(report.to_json())
+        self.assertEqual((back, back.host_bytes), (report, 768))

@@ -178,6 +178,17 @@ def test_offloaded_inputs_are_each_blocks_activation_input_and_the_last_block_ke
     assert _moved(link) == ["input 0", "input 1"]
 
 
+def test_a_measured_step_counts_what_offload_moved_in_host_memory_and_not_on_the_device():
+    full, offloaded = Net(), Net()
+    sac2.apply_ac(full, "full")
+    with stand_in():
+        sac2.apply_ac(offloaded, "full", offload=["inputs"])
+        moved, _ = measure_step(lambda: offloaded(_x()), "cpu")
+        kept, _ = measure_step(lambda: full(_x()), "cpu")
+    assert moved.host == 2 * B * T * D * 4  # layers 0 and 1's inputs (float32); the last layer keeps its own
+    assert (moved.kept, kept.host) == (kept.kept - moved.host, 0)
+
+
 def test_an_offloaded_regions_output_and_what_its_body_keeps_move_once_each():
     model = Net(2)
     with stand_in() as link:

@@ -3,10 +3,12 @@ another row dominates, the recommendation; shown as a report, a table, JSON or a
 one. Measuring the rows is ``sac2.advisor.runs``'.
 
 Step times compare within ``TIE`` (5%): a row is faster than another only when its median ratio to it, round by
-round, is below ``1 - TIE``. A row another row dominates (keeps no more, peaks no higher, and is faster beyond a tie)
-is marked and offered no code. The recommendation is, of the rows that fit the targets, the one keeping least among
-those within ``TIE`` of the fastest of them (then the lowest peak, then the first in the table): between setups whose
-step times tie, less memory decides, so the same machine gives the same answer run after run.
+round, is below ``1 - TIE``. A row another row dominates (keeps no more, peaks no higher, keeps no more in host
+memory, and is faster beyond a tie) is marked and offered no code. The recommendation is, of the rows that fit the
+targets, the one keeping least among those within ``TIE`` of the fastest of them (then the lowest peak, then the
+least in host memory, then the first in the table): between setups whose step times tie, less memory decides, so
+the same machine gives the same answer run after run. Kept and peak bytes, and so the targets, are the device's: an
+offload row keeping less there by keeping bytes in host memory is an option like any other.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Sequence
 import torch
 
 from sac2 import messages
+from sac2.measure.host_link import HostLink
 from sac2.measure.step import Result
 
 __all__ = ["Advice", "recommend", "unsettled", "TIE"]
@@ -48,6 +51,8 @@ class Advice:
         ties: the rows that fit whose step times tie with the fastest that fits (the recommendation keeps least).
         notes: what the run has to say about some rows (a budget that runs full AC, one made smaller to fit).
         clock: what timed the steps (``sac2.measure.step.clock_name``).
+        host_link: the host link's bandwidth, measured where offload rows ran (``sac2.measure.host_link``); None
+            elsewhere.
     """
 
     rows: list[Result]
@@ -63,6 +68,7 @@ class Advice:
     ties: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     clock: str = "wall clock"
+    host_link: HostLink | None = None
 
     def row(self, name: str) -> Result:
         """The row named ``name``."""
@@ -84,6 +90,8 @@ class Advice:
         lines = [f"sac2 advise: {len(self.rows)} setups, {self.steps}+ timed steps each ({self.clock}), {self.device}; "
                  f"{self._targets()}", self.table(),
                  f"Pareto front (step time against kept memory; ties within {TIE:.0%}): {', '.join(self.front)}"]
+        if self.host_link is not None:
+            lines.append(_link_line(self.host_link))
         if self.references:
             lines.append(f"reference only (not recommended): {', '.join(self.references)}")
         if any(not r.equal for r in self.rows):
@@ -99,7 +107,8 @@ class Advice:
         r = self.row(self.recommended)
         why = "the fastest that fits" if len(self.ties) < 2 else \
             f"of {', '.join(self.ties)} (within {TIE:.0%} of the fastest that fits), the one keeping least"
-        lines.append(f"recommended: {r.name} ({why}: {_mib(r.kept_bytes)} kept, {_mib(r.peak_bytes)} peak, "
+        host = f", {_mib(r.host_bytes)} in host memory" if r.host_bytes else ""
+        lines.append(f"recommended: {r.name} ({why}: {_mib(r.kept_bytes)} kept, {_mib(r.peak_bytes)} peak{host}, "
                      f"{r.median_s / self.rows[0].median_s:.2f}x the step of none)")
         lines.append(f"    {r.policy}")
         return "\n".join(lines)
@@ -114,11 +123,13 @@ class Advice:
 
     def table(self) -> str:
         """The rows as an aligned text table: time and memory against no checkpointing (the first row), whether each
-        is on the Pareto front and fits the targets, and its code (none for a row another dominates)."""
+        is on the Pareto front and fits the targets, and its code (none for a row another dominates). Where offload
+        rows ran (``host_link``), a column after the peak gives what each row keeps in host memory."""
         none = self.rows[0]
         unit, scale = ("MiB", 2**20) if none.kept_bytes >= 2**20 else ("KiB", 2**10)
-        header = ("setup", "step ms", "vs none", f"kept {unit}", "vs none", f"peak {unit}", "equal", "front", "fits",
-                  "code")
+        host = self.host_link is not None
+        header = ("setup", "step ms", "vs none", f"kept {unit}", "vs none", f"peak {unit}",
+                  *((f"host {unit}",) if host else ()), "equal", "front", "fits", "code")
         rows = [
             (
                 r.name,
@@ -127,6 +138,7 @@ class Advice:
                 f"{r.kept_bytes / scale:.1f}",
                 f"{r.kept_bytes / max(none.kept_bytes, 1):.2f}x",
                 f"{r.peak_bytes / scale:.1f}",
+                *((f"{r.host_bytes / scale:.1f}",) if host else ()),
                 "yes" if r.equal else "NO",
                 "*" if r.name in self.front else "",
                 "yes" if self.fits(r) else "",
@@ -140,7 +152,8 @@ class Advice:
         )
 
     def to_json(self) -> str:
-        """The advice as a JSON document (rows with their step times, kept and peak bytes, equality, code)."""
+        """The advice as a JSON document (rows with their step times, kept, peak and host bytes, equality, code; the
+        host link's bandwidth where offload rows ran)."""
         base = self.rows[0].median_s
         rows = [{**asdict(r), "code": None if r.name in self.dominated else r.policy, "median_s": r.median_s,
                  "ratio_to_none": r.median_s / base, "dominated_by": self.dominated.get(r.name)} for r in self.rows]
@@ -149,7 +162,8 @@ class Advice:
         payload = {"device": self.device, "steps": self.steps, "clock": self.clock, "torch": torch.__version__,
                    "target_bytes": self.target_bytes, "peak_target_bytes": self.peak_target_bytes, "rows": rows,
                    "skipped": self.skipped, "pareto_front": self.front, "references": self.references,
-                   "ties": self.ties, "notes": self.notes, "recommended": self.recommended, "code": self.code}
+                   "ties": self.ties, "notes": self.notes, "recommended": self.recommended, "code": self.code,
+                   "host_link": None if self.host_link is None else asdict(self.host_link)}
         return json.dumps(payload, indent=2)
 
     def plot(self, path: str) -> None:
@@ -161,6 +175,13 @@ class Advice:
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def _link_line(link: HostLink) -> str:
+    """The host link's bandwidth, and how it was measured."""
+    return (f"host link ({link.link}): {link.to_host / 1e9:.2f} GB/s to the host, {link.to_device / 1e9:.2f} GB/s "
+            f"back (the median of {link.repeats} timed copies of a {_mib(link.nbytes)} pinned buffer each way, on "
+            f"offload's own streams)")
 
 
 def _fits(r: Result, kept: int | None, peak: int | None) -> bool:
@@ -197,9 +218,11 @@ def unsettled(results: list[Result], reference: Sequence[bool], kept: int | None
 
 
 def _dominator(r: Result, rows: list[Result]) -> Result | None:
-    """A row that keeps no more than ``r``, peaks no higher and is faster beyond a tie, or None."""
+    """A row that keeps no more than ``r`` on the device or in host memory, peaks no higher and is faster beyond a
+    tie, or None."""
     for o in rows:
-        if o is not r and o.kept_bytes <= r.kept_bytes and o.peak_bytes <= r.peak_bytes and ratio(o, r) < 1 - TIE:
+        if (o is not r and o.kept_bytes <= r.kept_bytes and o.peak_bytes <= r.peak_bytes
+                and o.host_bytes <= r.host_bytes and ratio(o, r) < 1 - TIE):
             return o
     return None
 
@@ -207,9 +230,10 @@ def _dominator(r: Result, rows: list[Result]) -> Result | None:
 def recommend(
     results: list[Result], reference: Sequence[bool], skipped: dict[str, str], target: int | None, device: str,
     steps: int, peak_target_bytes: int | None = None, notes: Sequence[str] = (), clock: str = "wall clock",
+    host_link: HostLink | None = None,
 ) -> Advice:
     """The ``Advice`` for measured rows (no checkpointing first; ``reference[i]``: row ``i`` is shown for comparison
-    only), as the module doc says."""
+    only), as the module doc says; ``host_link``: the bandwidth measured beside offload rows."""
     eligible = _eligible(results, reference)
     dominated = {r.name: d.name for r in results if (d := _dominator(r, eligible)) is not None}
     front = [r.name for r in eligible if r.name not in dominated]
@@ -218,7 +242,7 @@ def recommend(
     if fitting:
         fastest = _fastest(fitting)
         tied = [r for r in fitting if r is fastest or ratio(r, fastest) <= 1 + TIE]
-        best = min(tied, key=lambda r: (r.kept_bytes, r.peak_bytes, results.index(r)))
+        best = min(tied, key=lambda r: (r.kept_bytes, r.peak_bytes, r.host_bytes, results.index(r)))
         while (d := _dominator(best, fitting)) is not None:  # not transitive, ties: never recommend a dominated row
             best = d
         ties = [r.name for r in tied]
@@ -227,4 +251,5 @@ def recommend(
         recommended=None if best is None else best.name,
         references=[r.name for r, ref in zip(results, reference, strict=True) if ref], device=device, steps=steps,
         peak_target_bytes=peak_target_bytes, dominated=dominated, ties=ties, notes=list(notes), clock=clock,
+        host_link=host_link,
     )

@@ -1,7 +1,9 @@
 """The setups ``sac2.advise`` measures (``Candidate``): no checkpointing, full AC, ``apply_ac`` selective with
-``llm()``, stock SAC with the same list as the reference, the one-line regions choices, and a memory budget solved for
-the user's target (``budget_candidate``). Each is one line of code, and that line as a function applied to a copy of
-the model. ``block_memory_budget``, the op-level budget of the first block that 0.4's budget rows printed, stays.
+``llm()``, stock SAC with the same list as the reference, the one-line regions choices, offload where it moves tensors
+(full AC with each block's inputs in host memory, and with its attention kept there too: what docs/offload.md's
+``hidden`` check offloads), and a memory budget solved for the user's target (``budget_candidate``). Each is one line
+of code, and that line as a function applied to a copy of the model. ``block_memory_budget``, the op-level budget of
+the first block that 0.4's budget rows printed, stays.
 """
 
 from __future__ import annotations
@@ -30,12 +32,15 @@ __all__ = [
 @dataclass(frozen=True)
 class Candidate:
     """One setup: its name, the one line of code that sets it up on ``model``, and that line as a function applied
-    in place to a copy of the model (``prepare``). ``reference``: shown for comparison, never recommended."""
+    in place to a copy of the model (``prepare``). ``reference``: shown for comparison, never recommended.
+    ``offload``: it keeps tensors in host memory (``apply_ac(offload=...)``), so it runs only where offload moves
+    them (an accelerator: ``sac2.offload.link.offloads``)."""
 
     name: str
     code: str
     prepare: Callable[[nn.Module], object]
     reference: bool = False
+    offload: bool = False
 
 
 #: The reference row's line: each block under torch's own checkpoint and SAC contexts with ``llm()``.
@@ -53,6 +58,10 @@ def _stock_sac(model: nn.Module) -> None:
 
 def _regions(save: list[str]) -> Callable[[nn.Module], object]:
     return lambda model: apply_ac(model, "regions", save=save)
+
+
+def _offload(targets: list[str]) -> Callable[[nn.Module], object]:
+    return lambda model: apply_ac(model, "full", offload=targets)
 
 
 class _Captured(Exception):
@@ -114,8 +123,9 @@ def block_memory_budget(model: nn.Module, example_inputs: Any, budget: float | i
 
 def candidates_for(model: nn.Module, example_inputs: Any) -> list[Candidate]:  # noqa: ARG001 (public; no setup reads it yet)
     """Every built-in candidate setup, no checkpointing first; ``advise`` skips those that do not apply to the model
-    (``apply_ac`` raises: e.g. ``save=["experts"]`` on a model without experts). The memory budget row is not among
-    them: ``advise`` solves it for the target once it has measured no checkpointing and full AC (``BUDGET``)."""
+    (``apply_ac`` raises: e.g. ``save=["experts"]`` on a model without experts) and the offload rows where offload
+    moves nothing (no accelerator). The memory budget row is not among them: ``advise`` solves it for the target
+    once it has measured no checkpointing and full AC (``BUDGET``)."""
     out = [
         Candidate("none", "# no checkpointing", lambda _model: None),
         Candidate("full AC", 'sac2.apply_ac(model, mode="full")', lambda model: apply_ac(model, "full")),
@@ -126,6 +136,10 @@ def candidates_for(model: nn.Module, example_inputs: Any) -> list[Candidate]:  #
     for save in (["attention"], ["attention", "linear", "experts"], ["linear"], ["experts"]):  # 2nd: the default
         out.append(Candidate(f"regions {'+'.join(save)}",
                              f'sac2.apply_ac(model, mode="regions", save={json.dumps(save)})', _regions(save)))
+    for moved in (["inputs"], ["inputs", "attention"]):
+        out.append(Candidate(f"offload {'+'.join(moved)}",
+                             f'sac2.apply_ac(model, mode="full", offload={json.dumps(moved)})', _offload(moved),
+                             offload=True))
     return out
 
 

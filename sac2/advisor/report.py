@@ -6,6 +6,11 @@ group calls by op (a ``sac2.region`` is one op): how many calls, the activation 
 bytes its recomputed calls free, the recompute cost, the decision and the rule that made it. A policy names
 its rule with ``why(op_key, call_index) -> str`` (``MemoryBudget`` does); otherwise the policy's name stands
 (a preset's repr, a function's ``module.qualname``).
+
+Bytes the policy offloads (a CPU_OFFLOAD answer, a region ``apply_ac(offload=...)`` names) are kept in host memory,
+not on the device: the report counts them apart (``host_bytes``), and its kept bytes, the curve's and a budget's
+prediction are the device's. Where offload moves nothing (tensors on a machine without an accelerator) an offload
+answer saves in place, so those bytes are the device's, and a line says so.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ BUDGETS = tuple(i / 10 for i in range(11))
 
 @dataclass
 class Row:
-    """One op of the report (all its calls in the forward)."""
+    """One op of the report (all its calls in the forward): ``saved_bytes`` kept on the device, ``host_bytes`` in
+    host memory (offloaded)."""
 
     op: str
     calls: int
@@ -37,6 +43,7 @@ class Row:
     recompute_cost: float
     decision: str
     rule: str
+    host_bytes: int = 0
 
 
 @dataclass
@@ -60,10 +67,10 @@ class Report:
     it, ``plot(path)`` draws the trade-off curve with this policy marked.
 
     Args:
-        rows: one ``Row`` per op, all its calls in the forward: calls, bytes saved and freed, recompute cost,
-            the decision and the rule that made it.
+        rows: one ``Row`` per op, all its calls in the forward: calls, bytes saved (on the device and in host
+            memory) and freed, recompute cost, the decision and the rule that made it.
         cost_unit: the unit of the costs: ``"s"`` (measured time) or ``"flop"``.
-        kept_bytes: activation bytes the policy keeps for backward.
+        kept_bytes: activation bytes the policy keeps for backward on the device.
         total_bytes: activation bytes saving every op would keep.
         recompute_cost: what backward re-runs, in ``cost_unit``.
         none_bytes: what the forward keeps for backward without checkpointing (its inputs, parameters and outputs
@@ -72,6 +79,10 @@ class Report:
         predicted_bytes: what a memory budget predicted it keeps (from the forward it profiled), when the policy
             is one; else None.
         regions: one ``RegionRow`` per region: what saving it keeps next to what its outputs alone hold.
+        host_bytes: activation bytes the policy keeps for backward in host memory (what it offloads; sent when the
+            next checkpointed block starts, so the last block of a forward keeps its own on the device).
+        offloads: whether the policy answered CPU_OFFLOAD for some call (the table then shows host bytes).
+        offloaded_in_place: bytes the policy offloads that stay on the device, saved: offload moves nothing there.
     """
 
     rows: list[Row]
@@ -84,15 +95,24 @@ class Report:
     predicted_bytes: int | None = None
     regions: list[RegionRow] = field(default_factory=list)
     none_bytes: int = 0
+    host_bytes: int = 0
+    offloads: bool = False
+    offloaded_in_place: int = 0
 
     def __str__(self) -> str:
-        head = ("op", "calls", "saved B", "freed B", f"recompute ({self.cost_unit})", "decision", "rule")
-        body = [
-            (r.op, str(r.calls), str(r.saved_bytes), str(r.freed_bytes), f"{r.recompute_cost:.4g}", r.decision, r.rule)
-            for r in self.rows
-        ]
-        total = ("total", str(sum(r.calls for r in self.rows)), str(self.kept_bytes),
-                 str(self.total_bytes - self.kept_bytes), f"{self.recompute_cost:.4g}", "", "")
+        host = self.offloads
+
+        def line(op: str, calls: str, saved: int, on_host: int, freed: int, cost: float, decision: str,
+                 rule: str) -> tuple[str, ...]:
+            return (op, calls, str(saved), *((str(on_host),) if host else ()), str(freed), f"{cost:.4g}", decision,
+                    rule)
+
+        head = ("op", "calls", "saved B", *(("host B",) if host else ()), "freed B", f"recompute ({self.cost_unit})",
+                "decision", "rule")
+        body = [line(r.op, str(r.calls), r.saved_bytes, r.host_bytes, r.freed_bytes, r.recompute_cost, r.decision,
+                     r.rule) for r in self.rows]
+        total = line("total", str(sum(r.calls for r in self.rows)), self.kept_bytes, self.host_bytes,
+                     sum(r.freed_bytes for r in self.rows), self.recompute_cost, "", "")
         lines = _table(head, [*body, total])
         if self.regions:
             lines.append("")
@@ -103,6 +123,9 @@ class Report:
         if self.predicted_bytes is not None and self.predicted_bytes != self.kept_bytes:
             lines.append(f"this forward keeps {self.kept_bytes} B; the budget predicted {self.predicted_bytes} B "
                          f"from the forward it profiled")
+        if self.offloaded_in_place:
+            lines.append(f"offloaded but kept on the device: {self.offloaded_in_place} B (offload moves tensors off a "
+                         f"CUDA device to host memory; these are not on one, so the offload answer saves them)")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -128,7 +151,9 @@ def explain(
 ) -> Report:
     """Run ``fn_or_module(*example_inputs)`` once under sac2's forward mode and report what ``policy`` keeps and
     recomputes per op: exactly what that forward's record holds, so the report cannot disagree with what a
-    checkpoint with this policy keeps. Runs no backward.
+    checkpoint with this policy keeps. Runs no backward. What the policy offloads (CPU_OFFLOAD answers) is counted
+    in host memory, apart from what it keeps on the device, where offload moves tensors (a CUDA device); elsewhere
+    an offload answer saves in place, and the report says so.
 
     Args:
         fn_or_module: the function or module to run.
@@ -139,7 +164,8 @@ def explain(
             inputs are fake or meta tensors, which cannot be timed.
 
     Returns:
-        A ``Report``: a row per op, totals, and the trade-off curve across memory budgets.
+        A ``Report``: a row per op (bytes kept on the device and in host memory), totals, and the trade-off curve
+        across memory budgets (of device bytes).
 
     Raises:
         ValueError: ``cost`` is neither ``"time"`` nor ``"flops"``; ``policy`` is a list holding something that
@@ -178,31 +204,47 @@ def plot_budgets(
     return curve
 
 
-def _bytes_per_call(prof: Profile) -> tuple[dict[int, int], dict[int, int]]:
-    """(call -> bytes of the storages its saving first keeps, call -> bytes it allocated that nothing keeps).
+class _PerCall:
+    """Per call, the bytes of the storages its saving first keeps on the device (``device``) and in host memory
+    (``host``), and of those it allocated that nothing keeps (``freed``); the storages kept on the device and in host
+    memory (``placed``: one storage may be in both, copied to the host while a device save holds it), and those
+    the policy offloads that stay on the device (``in_place``: offload cannot move them)."""
 
-    One pass over the calls' storages each, so the report costs calls + storages, not calls x storages."""
-    kept: set[int] = set()
-    saved_by: dict[int, int] = {}
+    def __init__(self) -> None:
+        self.device: dict[int, int] = {}
+        self.host: dict[int, int] = {}
+        self.freed: dict[int, int] = {}
+        self.placed: tuple[set[int], set[int]] = (set(), set())
+        self.in_place: set[int] = set()
+
+
+def _bytes_per_call(prof: Profile) -> _PerCall:
+    """Where each call's bytes go (``_PerCall``). One pass over the calls' storages each, so the report costs
+    calls + storages, not calls x storages."""
+    per = _PerCall()
     for i in prof.saved:
-        for s in prof.calls[i].storages:
-            if s not in kept:
-                kept.add(s)
-                saved_by[i] = saved_by.get(i, 0) + prof.storage_bytes[s]
+        off = prof.offloaded(i)
+        for s, on_host in prof.where(i):
+            if off and not on_host:
+                per.in_place.add(s)
+            where, by = (per.placed[1], per.host) if on_host else (per.placed[0], per.device)
+            if s not in where:
+                where.add(s)
+                by[i] = by.get(i, 0) + prof.storage_bytes[s]
+    kept = per.placed[0] | per.placed[1]
     allocated: set[int] = set()
-    freed_by: dict[int, int] = {}
     for i, c in enumerate(prof.calls):
         for s in c.storages:
             if s not in allocated:
                 allocated.add(s)
                 if s not in kept:
-                    freed_by[i] = freed_by.get(i, 0) + prof.storage_bytes[s]
-    return saved_by, freed_by
+                    per.freed[i] = per.freed.get(i, 0) + prof.storage_bytes[s]
+    return per
 
 
 def _report(prof: Profile, policy: PolicyFn) -> Report:
     served = prof.saved
-    saved_by, freed_by = _bytes_per_call(prof)
+    per = _bytes_per_call(prof)
     why = getattr(policy, "why", None)
     name = _policy_name(policy)
     rows: dict[str, Row] = {}
@@ -213,8 +255,9 @@ def _report(prof: Profile, policy: PolicyFn) -> Report:
             row = rows[c.name] = Row(c.name, 0, 0, 0, 0.0, "", "")
         calls_of.setdefault(c.name, []).append(i)
         row.calls += 1
-        row.saved_bytes += saved_by.get(i, 0)
-        row.freed_bytes += freed_by.get(i, 0)
+        row.saved_bytes += per.device.get(i, 0)
+        row.host_bytes += per.host.get(i, 0)
+        row.freed_bytes += per.freed.get(i, 0)
         if not c.saved and c.reached:  # recompute stops before an unreached call
             row.recompute_cost += c.cost
         if c.stale:
@@ -227,9 +270,10 @@ def _report(prof: Profile, policy: PolicyFn) -> Report:
     for op, row in rows.items():
         row.decision = _decision(prof, calls_of[op])
     predicted = getattr(policy, "kept_bytes", None)
-    return Report(list(rows.values()), prof.cost_unit, prof.kept_bytes(served), prof.total_bytes,
-                  prof.recompute_cost(served), _curve(prof), predicted if isinstance(predicted, int) else None,
-                  _regions(prof), prof.none_bytes)
+    device, host, in_place = (sum(prof.storage_bytes[s] for s in group) for group in (*per.placed, per.in_place))
+    return Report(list(rows.values()), prof.cost_unit, device, prof.total_bytes, prof.recompute_cost(served),
+                  _curve(prof), predicted if isinstance(predicted, int) else None, _regions(prof), prof.none_bytes,
+                  host, any(prof.offloaded(i) for i in range(len(prof.calls))), in_place)
 
 
 def _table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:

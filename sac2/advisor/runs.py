@@ -8,6 +8,10 @@ are compared with no checkpointing's, bit for bit. Once no checkpointing and ful
 row is solved for the target (``budget_candidate``) and measured the same way, made smaller while it does not fit.
 Timed rounds go on after ``steps`` while a row's ratio to the fastest fitting row is not yet clearly within or
 outside ``sac2.advisor.advice.TIE`` of it, up to ``MORE`` times ``steps``. The answer is ``sac2.advisor.advice.Advice``.
+
+The offload rows run only where offload moves tensors off the device (``sac2.offload.link.offloads``: CUDA, or the
+CPU stand-in for a device that the tests use); elsewhere one note says why there are none. Where they run, the host
+link's bandwidth is measured once (``sac2.measure.host_link``) and shown beside them.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from sac2._compat import tree_map
 from sac2.advisor.advice import Advice, recommend, unsettled
 from sac2.advisor.candidates import Candidate, as_inputs, budget_candidate, call, candidates_for
 from sac2.measure.determinism import deterministic_kernels
+from sac2.measure.host_link import measure_host_link
 from sac2.measure.rotation import turns
 from sac2.measure.step import Progress, Result, clock_name, take_step
+from sac2.offload import link as links
 
 __all__ = ["advise", "BUDGET", "DEFAULT_TARGET", "MORE", "RETRIES"]
 
@@ -65,13 +71,18 @@ def advise(
     under ``torch.use_deterministic_algorithms(True)`` (``sac2.measure.determinism``). A setup that does not apply
     (e.g. a regions choice matching nothing: ``ValueError``) is skipped with the reason.
 
+    Kept and peak bytes are the device's, and the targets are judged against them. Where offload moves tensors off
+    the device (CUDA), offload rows run too (``apply_ac(model, mode="full", offload=[...])``): each keeps less on the
+    device by keeping bytes in pinned host memory (a row's ``host_bytes``, not held against the targets), and the
+    host link's bandwidth is measured once (``Advice.host_link``). Elsewhere there are none, and a note says why.
+
     Args:
         model: the model to measure (not changed).
         example_inputs: what ``model`` is called with (a tuple/list: positional, a dict: keyword, a tensor alone).
         loss_fn: ``loss_fn(output)`` gives the scalar loss; default (None) ``output.loss`` if present, else the
             sum of the output's first tensor.
-        memory_target: what a setup may keep for backward: a number in [0, 1] is a fraction of what no
-            checkpointing keeps (``1`` is all of it), an int above 1 is bytes; default (None) 0.5 when
+        memory_target: what a setup may keep for backward in device memory: a number in [0, 1] is a fraction of
+            what no checkpointing keeps (``1`` is all of it), an int above 1 is bytes; default (None) 0.5 when
             ``peak_target`` is None too, else no target on kept bytes.
         peak_target: the most a setup's step may allocate at once (what decides an out-of-memory error): a fraction
             of no checkpointing's peak or bytes, as ``memory_target``; default (None) none.
@@ -80,7 +91,7 @@ def advise(
         device: where to run; default (None) the device of the model's first parameter.
         candidates: names of built-in setups (``sac2.advisor.candidates_for``, and ``"budget"`` for the memory
             budget solved for the target) or ``Candidate``s; default (None) every built-in setup and the budget.
-            No checkpointing runs first whether named or not.
+            No checkpointing runs first whether named or not; offload rows run only where offload moves tensors.
         progress: True (the default) shows progress on stderr: a bar on a terminal, a line every few seconds
             elsewhere.
 
@@ -103,6 +114,9 @@ def advise(
     base = copy.deepcopy(model).to(dev)
     chosen, budget = _select(candidates, candidates_for(base, inputs))
     runs = _Runs(base, inputs, _default_loss if loss_fn is None else loss_fn, dev, progress)
+    if any(c.offload for c in chosen) and not links.offloads(dev):
+        chosen = [c for c in chosen if not c.offload]
+        runs.notes.append(messages.advise_no_offload(str(dev)))
     for c in chosen:
         runs.add(c)
     with deterministic_kernels(dev):  # on CUDA, so that the bitwise check can hold at all
@@ -113,9 +127,10 @@ def advise(
         peak = _target_bytes(peak_target, none.peak_bytes)
         if budget:
             runs.add_budget(kept, peak)
+        link = measure_host_link(dev) if any(c.offload for c in runs.setups) else None
         runs.time(steps, kept, peak)
     return recommend(runs.results, [c.reference for c in runs.setups], runs.skipped, kept, str(dev), steps,
-                     peak_target_bytes=peak, notes=runs.notes, clock=clock_name(dev))
+                     peak_target_bytes=peak, notes=runs.notes, clock=clock_name(dev), host_link=link)
 
 
 class _Runs:

@@ -123,10 +123,11 @@ def apply_ac(
     if memory_budget is not None:
         check_budget(memory_budget)
         for clash, what in ((mode != "selective", f"mode={mode!r}"), (policy is not None, "policy="),
-                            ("context_fn" in checkpoint_kwargs, "context_fn="), (keep_inputs, "keep_inputs=True"),
-                            (offload is not None, "offload=")):
+                            ("context_fn" in checkpoint_kwargs, "context_fn="), (keep_inputs, "keep_inputs=True")):
             if clash:
                 raise ValueError(messages.apply_ac_budget_with(what))
+        if offload is not None:
+            raise ValueError(messages.APPLY_AC_BUDGET_WITH_OFFLOAD)
     elif example_inputs is not None:
         raise ValueError(messages.APPLY_AC_EXAMPLE_INPUTS_ALONE)
     if checkpoint_fn is not None:

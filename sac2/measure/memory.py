@@ -8,6 +8,10 @@ summing those events in time order gives the same two numbers as ``memory_alloca
 What both methods count: tensor storages from torch's allocator, whoever holds them (autograd's saved tensors,
 checkpoint inputs, sac2's record, stock SAC's storage). What they do not count: memory that does not come from
 torch's allocator (oneDNN scratch buffers, Python objects, the CUDA caching allocator's reserved-but-free blocks).
+
+Offload (``sac2.offload``) keeps tensors in pinned host memory, which neither counts: ``host`` is read from offload's
+pinned pool instead, the bytes it has lent when forward returns, once the copies queued by then have run (a
+synchronize, on CUDA as through the CPU stand-in for a device, whose host buffers are outside torch's allocator).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Callable, Iterator
 import torch
 
 from sac2 import _compat, messages
+from sac2.offload import link as links
+from sac2.offload import schedule
 
 __all__ = ["DEVICE_TYPES", "Memory", "measure_step"]
 
@@ -32,11 +38,13 @@ class Memory:
     """Bytes of one forward+backward, relative to what was allocated when the step started.
 
     ``kept``: allocated by forward and still allocated when it returned: what it keeps for backward (plus its
-    output). ``peak``: the most allocated at any moment of forward and backward.
+    output). ``peak``: the most allocated at any moment of forward and backward. ``host``: what forward left in
+    offload's pinned host memory for backward (none of ``kept``).
     """
 
     kept: int
     peak: int
+    host: int = 0
 
 
 def measure_step(forward: Callable[[], torch.Tensor], device: torch.device | str) -> tuple[Memory, torch.Tensor]:
@@ -50,25 +58,31 @@ def measure_step(forward: Callable[[], torch.Tensor], device: torch.device | str
 
 
 def _measure_cuda(forward: Callable[[], torch.Tensor], device: torch.device) -> tuple[Memory, torch.Tensor]:
+    link = links.current()
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    start = torch.cuda.memory_allocated(device)
+    start, host = torch.cuda.memory_allocated(device), schedule.host_bytes(link)
     loss = forward()
     torch.cuda.synchronize(device)
-    kept = torch.cuda.memory_allocated(device) - start
+    kept, host = torch.cuda.memory_allocated(device) - start, schedule.host_bytes(link) - host
     loss.backward()
     torch.cuda.synchronize(device)
-    return Memory(kept=kept, peak=torch.cuda.max_memory_allocated(device) - start), loss
+    return Memory(kept=kept, peak=torch.cuda.max_memory_allocated(device) - start, host=host), loss
 
 
 def _measure_cpu(forward: Callable[[], torch.Tensor]) -> tuple[Memory, torch.Tensor]:
+    link = links.current() if links.offloads(torch.device("cpu")) else None  # the stand-in's CPU is a device
+    host = 0 if link is None else schedule.host_bytes(link)
     with _allocations() as fwd:
         loss = forward()
+        if link is not None:
+            link.synchronize()  # the copies to the host run: the device tensors they read are let go
+    host = 0 if link is None else schedule.host_bytes(link) - host
     with _allocations() as bwd:
         loss.backward()
     kept, fwd_peak = _net_and_peak(fwd)
     _, bwd_peak = _net_and_peak(bwd)
-    return Memory(kept=kept, peak=max(fwd_peak, kept + bwd_peak)), loss
+    return Memory(kept=kept, peak=max(fwd_peak, kept + bwd_peak), host=host), loss
 
 
 def _net_and_peak(sizes: list[int]) -> tuple[int, int]:

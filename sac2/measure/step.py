@@ -24,7 +24,8 @@ ATOL, RTOL = 1e-5, 1e-4
 @dataclass
 class Result:
     """One row of the table: a mode's step times, memory and whether it matched no checkpointing (``check`` says
-    how: "bitwise" or "allclose")."""
+    how: "bitwise" or "allclose"). ``kept_bytes`` and ``peak_bytes`` are the device's; ``host_bytes`` what the row
+    keeps for backward in offload's pinned host memory (``sac2.measure.memory.Memory``)."""
 
     name: str
     policy: str
@@ -33,6 +34,7 @@ class Result:
     peak_bytes: int = 0
     equal: bool = True
     check: str = "bitwise"
+    host_bytes: int = 0
 
     @property
     def median_s(self) -> float:
@@ -100,7 +102,7 @@ def take_step(
     later one is timed by ``clock(device)``, ``then`` (the optimizer's step) included."""
     if first:
         memory, loss = measure_step(forward, device)
-        result.kept_bytes, result.peak_bytes = memory.kept, memory.peak
+        result.kept_bytes, result.peak_bytes, result.host_bytes = memory.kept, memory.peak, memory.host
         return loss
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     now = clock(device)

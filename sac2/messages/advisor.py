@@ -11,7 +11,7 @@ __all__ = [
     "advise_unknown_candidate", "ADVISE_NO_TRANSFORMERS", "advise_no_such_config", "advise_not_a_model_config",
     "advise_no_causal_lm", "advise_config_not_json", "advise_config_without_model_type", "advise_factory_bad_form",
     "advise_factory_import", "advise_factory_no_function", "advise_factory_bad_return", "advise_bad_memory_target",
-    "ADVISE_PLOT_NEEDS_MATPLOTLIB",
+    "ADVISE_PLOT_NEEDS_MATPLOTLIB", "advise_no_offload",
 ]
 
 
@@ -19,6 +19,13 @@ def advise_nothing_fits(targets: str, least: str, least_kept: str, least_peak: s
     return (
         f"recommended: nothing: no setup fits the {targets}; the least is {least} ({least_kept} kept, {least_peak} "
         "peak). Raise the target or try more setups (candidates=[...])."
+    )
+
+
+def advise_no_offload(device: str) -> str:
+    return (
+        f"no offload rows: offload (sac2.apply_ac(offload=...)) moves tensors from a CUDA device to pinned host "
+        f"memory, and on {device} it would move nothing; run advise on a CUDA device to measure them."
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 __all__ = [
     "apply_ac_offload_with_none", "APPLY_AC_OFFLOAD_EMPTY", "apply_ac_offload_is_one_name",
     "apply_ac_bad_offload_target", "OFFLOAD_WITHOUT_ACCELERATOR", "offload_host_memory_full", "bad_offload_limit",
-    "OFFLOAD_NEEDS_SAC2_FRAME", "OFFLOAD_UNDER_COMPILE", "PARCEL_RELEASED",
+    "OFFLOAD_NEEDS_SAC2_FRAME", "OFFLOAD_UNDER_COMPILE", "PARCEL_RELEASED", "APPLY_AC_BUDGET_WITH_OFFLOAD",
 ]
 
 
@@ -30,6 +30,13 @@ def apply_ac_bad_offload_target(target: object) -> str:
         f"(\"attention\", \"linear\", \"experts\", a module name glob), an nn.Module class, or an op overload such "
         f"as torch.ops.aten.mm.default."
     )
+
+
+APPLY_AC_BUDGET_WITH_OFFLOAD = (
+    "sac2.apply_ac: memory_budget= takes no offload=: a budget is a share of what the blocks keep on the device and "
+    "prices keeping against recomputing there, not against the host link offload= pays. Drop one of them, or let "
+    "sac2.advise measure both side by side (on a CUDA device it adds offload rows beside its budget row)."
+)
 
 
 OFFLOAD_WITHOUT_ACCELERATOR = (

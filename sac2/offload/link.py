@@ -15,7 +15,7 @@ from typing import Iterator, cast
 
 import torch
 
-__all__ = ["Link", "CudaLink", "Layout", "current", "using"]
+__all__ = ["Link", "CudaLink", "Layout", "current", "using", "offloads"]
 
 Tensor = torch.Tensor
 #: A tensor's shape, strides and dtype.
@@ -23,7 +23,10 @@ Layout = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
 class Link:
-    """What offload calls on a device: each method one step of a copy's life. Streams and events are opaque."""
+    """What offload calls on a device: each method one step of a copy's life. Streams and events are opaque.
+    ``description`` says which device and host link it is, for reports (``sac2.advise``'s bandwidth line)."""
+
+    description = "a device"
 
     def available(self) -> bool:
         """Whether the machine has this kind of device at all (else offload changes nothing)."""
@@ -65,9 +68,15 @@ class Link:
         """``t`` (allocated for a side stream) is used on ``stream`` too: its memory waits for that work."""
         raise NotImplementedError
 
+    def synchronize(self) -> None:
+        """Wait, on the host, until every copy queued so far has run (measuring: what the device holds then)."""
+        raise NotImplementedError
+
 
 class CudaLink(Link):
     """CUDA's streams, events, pinned memory and caching allocator (all public torch API)."""
+
+    description = "CUDA"
 
     def __init__(self) -> None:
         self._streams: dict[torch.device, tuple[object, object]] = {}
@@ -115,6 +124,9 @@ class CudaLink(Link):
     def used_on(self, t: Tensor, stream: object) -> None:
         t.record_stream(_stream(stream))
 
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
 
 def _stream(stream: object) -> torch.cuda.Stream:
     """A stream this link made (opaque to the schedule)."""
@@ -137,3 +149,9 @@ def using(link: Link) -> Iterator[Link]:
         yield link
     finally:
         _current.remove(link)
+
+
+def offloads(device: torch.device) -> bool:
+    """Whether offload moves tensors off ``device`` to host memory (a CUDA device, or the stand-in's CPU); elsewhere
+    what it is asked to move stays where it is, saved."""
+    return current().device_of(torch.empty(0, device=device)) is not None

@@ -34,7 +34,7 @@ from sac2.offload.pool import Pool
 
 __all__ = [
     "Block", "Limits", "use", "begin", "end", "abandon", "forget", "in_frame", "current", "reached", "set_limits",
-    "limits", "pool",
+    "limits", "pool", "host_bytes",
 ]
 
 Tensor = torch.Tensor
@@ -157,6 +157,12 @@ def pool(link: links.Link) -> Pool:
         host = _limits[0].host_memory
         p = _pools[link] = Pool(link, _DEFAULT_HOST_MEMORY if host is None else host)
     return p
+
+
+def host_bytes(link: links.Link) -> int:
+    """The pinned bytes ``link``'s pool has lent now: what offloaded tensors hold in host memory (0: no pool yet)."""
+    p = _pools.get(link)
+    return 0 if p is None else p.held - p.free_bytes()
 
 
 def limits() -> Limits:

@@ -9,6 +9,10 @@ tensor when it runs, after every write the program made since. ``log`` lists, in
 the copies each way, the compute stream's waits and the pinned allocations, each copy named by ``name``'s label for
 its tensor (else its dtype and shape).
 
+Its device memory is torch's CPU allocator; its pinned host buffers are not (Python ``bytearray``s), so a
+measurement of the device's allocations (``sac2.measure.memory``) leaves them out, as CUDA's allocator statistics
+leave pinned memory out.
+
 What it does not model: time (nothing overlaps; the benchmark measures that on a GPU), the device allocator's
 reuse of memory across streams (``record_stream``), and pinned memory's cost.
 """
@@ -55,6 +59,8 @@ class _Event:
 class StandIn(links.Link):
     """The stand-in link: ``log`` of what offload issued, ``host_allocations`` made, ``synchronize`` to run every
     queued copy."""
+
+    description = "the CPU stand-in for a device, sac2.offload.standin"
 
     def __init__(self) -> None:
         self.compute = _Stream("compute")
@@ -109,7 +115,8 @@ class StandIn(links.Link):
     def host_buffer(self, nbytes: int) -> Tensor:
         self.host_allocations += 1
         self.log.append(("host_alloc", nbytes))
-        return torch.full((nbytes,), 255, dtype=torch.uint8)
+        # Outside torch's allocator, which is the stand-in's device memory; all ones: read before its copy, NaN.
+        return torch.frombuffer(bytearray(b"\xff") * nbytes, dtype=torch.uint8)
 
     def device_empty(self, device: torch.device, layout: links.Layout, stream: object) -> Tensor:  # noqa: ARG002
         shape, stride, dtype = layout

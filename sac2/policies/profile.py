@@ -8,6 +8,10 @@ record entry holds that the forward allocated (not those of inputs, parameters o
 Cost is measured wall time (seconds, synchronised on accelerators), or a FLOP estimate where measuring is not
 possible (fake or meta tensors) or asked for: ``torch.utils.flop_counter``'s formula where it knows the op, else one
 FLOP per output element.
+
+Where a call's bytes live: a call the policy answers CPU_OFFLOAD for keeps in host memory the storages offload can
+move (``Profile.movable``: on a device offload moves tensors off, ``sac2.offload.link``), and on the device those it
+cannot (on a machine without one, an offload answer saves in place).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from sac2 import _compat, messages
 from sac2._compat import tree_leaves
 from sac2.core import keys, writes
 from sac2.core.decisions import (
+    OFFLOADING,
     CheckpointPolicy,
     Policy,
     PolicyFn,
@@ -34,6 +39,7 @@ from sac2.core.decisions import (
 )
 from sac2.core.opinfo import IGNORE, VIEW, OpInfo, info
 from sac2.modes.forward import CachingMode
+from sac2.offload import link as links
 from sac2.policies.counters import Counter, FlopCount, TimeCount
 from sac2.record import region_saves
 from sac2.record.record import Record
@@ -86,6 +92,8 @@ class Profile:
     the inputs', parameters' and outputs'): the 100% a budget fraction refers to. ``free``: the storages of the
     forward's outputs, which whoever runs it keeps anyway (a block's output is the next block's checkpoint input),
     so saving the calls that hold them costs no memory. Both default to nothing for profiles pickled by sac2 0.4.
+    ``movable``: the storages offload can move to host memory (on a device it moves tensors off); nothing for
+    profiles pickled before 0.5.
     """
 
     calls: list[OpCall]
@@ -94,6 +102,7 @@ class Profile:
     policy: Policy | None = field(default=None, repr=False)
     none_bytes: int = 0
     free: tuple[int, ...] = ()
+    movable: frozenset[int] = frozenset()
 
     @property
     def total_bytes(self) -> int:
@@ -104,6 +113,18 @@ class Profile:
         """Activation bytes kept when the calls at positions ``saved`` are saved (stale ones are recomputed)."""
         kept = {s for i in saved if not self.calls[i].stale for s in self.calls[i].storages}
         return sum(self.storage_bytes[s] for s in kept)
+
+    def offloaded(self, i: int) -> bool:
+        """Whether the profiled policy answered CPU_OFFLOAD for call ``i``."""
+        return self.calls[i].decision in OFFLOADING
+
+    def where(self, i: int) -> list[tuple[int, bool]]:
+        """Call ``i``'s storages, each with whether saving it keeps the storage in host memory (the policy offloads
+        the call and offload can move the storage) rather than on the device. A storage a call saved on the device
+        holds too is on both: offload copies it, and the device copy stays."""
+        off = self.offloaded(i)
+        movable = self.movable
+        return [(s, off and s in movable) for s in self.calls[i].storages]
 
     def recompute_cost(self, saved: Iterable[int]) -> float:
         """Cost of the calls that backward re-runs when ``saved`` are saved (up to where recompute stops)."""
@@ -300,6 +321,8 @@ def _read(
     returned = {storage_key(t) for t in tree_leaves(out) if isinstance(t, Tensor)} - outside
     storage_ids: dict[int, int] = {}
     storage_bytes: list[int] = []
+    movable: list[int] = []
+    link = links.current()
     counts: dict[keys.Key, int] = {}
     calls = []
 
@@ -314,6 +337,8 @@ def _read(
             if s is None:
                 s = storage_ids[k] = len(storage_bytes)
                 storage_bytes.append(t.untyped_storage().nbytes())
+                if link.device_of(t) is not None:
+                    movable.append(s)
             if s not in found:
                 found.append(s)
         return found
@@ -339,7 +364,7 @@ def _read(
                             tuple(outputs), tuple(rebuilt), mode.ops.get(i, 1), i < mode.stop))
     none_bytes = sum(n for k, n in mode.autograd_saved.items() if k not in outside and k not in returned)
     free = tuple(sorted(storage_ids[k] for k in returned if k in storage_ids))
-    return Profile(calls, storage_bytes, unit, policy, none_bytes, free)
+    return Profile(calls, storage_bytes, unit, policy, none_bytes, free, frozenset(movable))
 
 
 def outside_storages(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> set[int]:
