@@ -18,7 +18,8 @@ from sac2._compat.dispatch import mode_stack_len
 
 __all__ = [
     "noop_context_fn", "backward_keeps_graph", "in_checkpoint_forward", "user_saved_tensors_hooks",
-    "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task", "push_checkpoint_hooks",
+    "make_saved_tensor", "unpack_saved_tensor", "as_is", "graph_exec_group", "graph_task_id", "graph_task",
+    "push_checkpoint_hooks",
     "pop_checkpoint_hooks", "set_grad_enabled", "current_node_name", "mutation_on_saved_tensors_allowed",
     "version_witness", "checkpoint_forward_hooks", "top_saved_tensors_hooks", "view_base", "parameter_of",
     "push_saved_tensors_hooks", "pop_saved_tensors_hooks", "HookPair", "SavedTensor", "sequence_nr",
@@ -138,8 +139,11 @@ def unpack_saved_tensor(x: object) -> object:
     return x.unpack() if type(x) is SavedTensor else x
 
 
-def graph_exec_group() -> _tuc.GraphExecGroup | None:
-    return _graph_exec_group()
+#: ``graph_exec_group()``: the ``GraphExecGroup`` in effect, or None; ``graph_task_id()``: the running backward's graph
+#: task id, -1 outside any backward. torch's own calls, bound (no Python frame: the frame's unpack reads them per
+#: tensor). Removable: graph tasks and ``GraphExecGroup``'s current group get public accessors.
+graph_exec_group: Callable[[], _tuc.GraphExecGroup | None] = _graph_exec_group
+graph_task_id: Callable[[], int] = _graph_task_id
 
 
 def graph_task() -> _tuc.GraphExecGroup | int | None:

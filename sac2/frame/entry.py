@@ -126,7 +126,7 @@ class _Forward:
             count_forward()  # full AC on sac2's frame; a selective forward counts when its context enters
         early_stop = _compat.early_stop_override()  # torch.utils.checkpoint.set_checkpoint_early_stop, if in effect
         # The policy's contexts may ask for the inputs in host memory (``sac2.offload``): what full AC keeps.
-        sac2s = selective(forward_context)
+        sac2s = selective(forward_context) if forward_context is not None else None
         offload_inputs = sac2s is not None and sac2s.offload_inputs
         block = schedule.begin(args)  # left as this forward ends or raises
         try:
@@ -134,7 +134,7 @@ class _Forward:
                           o["early_stop"] if early_stop is None else early_stop, block, offload_inputs)
             # torch's checkpoint operator run eagerly (the eager backend) sets its graph id on its contexts (torch's
             # or sac2's): no fallback
-            operator = getattr(forward_context, "ac_graph_id", None) is not None
+            operator = forward_context is not None and getattr(forward_context, "ac_graph_id", None) is not None
             debug = _compat.checkpoint_debug_override()  # torch's set_checkpoint_debug_enabled, if in effect
             if o["debug"] if debug is None else debug:
                 frame.trace = OpTrace()

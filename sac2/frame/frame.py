@@ -57,7 +57,7 @@ from sac2 import _compat, messages
 from sac2.frame import inplace_check
 from sac2.frame.contexts import finishing
 from sac2.frame.debug_trace import OpTrace
-from sac2.frame.inplace_check import SavedVersions, Witnesses, unchanged
+from sac2.frame.inplace_check import SavedVersions, Witnesses
 from sac2.frame.switches import preserved_generators
 from sac2.messages.internal import InternalError
 from sac2.offload import saves, schedule
@@ -66,6 +66,8 @@ __all__ = ["Frame", "Holder", "CheckpointError"]
 
 Tensor = torch.Tensor
 CheckpointError = _compat.CheckpointError
+_version, _graph_exec_group, _graph_task_id = _compat.version, _compat.graph_exec_group, _compat.graph_task_id
+_Ref = weakref.ref  # an entry's weak reference (no witness): checked in full
 #: What the determinism check compares of a saved tensor: its shape, dtype and device.
 Meta: TypeAlias = tuple[torch.Size, torch.dtype, torch.device]
 
@@ -166,21 +168,32 @@ class Frame:
             h = new(Holder)
             h.index = len(holders)
             holders.append(ref(h))
-            e = None if versions is None or id(x) in inputs else witnessed(x)
-            h.entry = e
-            if versions is not None:
-                versions.append(e)
+            shape = None
             if check:
-                metas.append((x.shape, x.dtype, x.device))
+                meta = (x.shape, x.dtype, x.device)
+                metas.append(meta)
+                shape = meta[0]
+            if versions is None:
+                h.entry = None
+            else:
+                e = h.entry = None if id(x) in inputs else witnessed(x, shape)
+                versions.append(e)
             return h
 
         return pack, self.unpack
 
     def unpack(self, h: Holder) -> Tensor:
         """The tensor saved at ``h``'s position, recomputing first if this backward has not yet."""
-        if not unchanged(h.entry):
-            self.versions.check(h.index, h.entry, here=True)
-        gid = _compat.graph_task()
+        e = h.entry
+        if e is not None:  # an unchanged witness is the common case, read inline; a weak reference is checked in full
+            w = e[0]
+            if isinstance(w, _Ref) or _version(w) != e[1]:
+                self.versions.check(h.index, e, here=True)
+        # ``_compat.graph_task``, read inline (two C calls, no Python frame): the GraphExecGroup, else the graph task
+        gid: GraphExecGroup | int | None = _graph_exec_group()
+        if gid is None:
+            task = _graph_task_id()
+            gid = None if task == -1 else task
         if gid is None:  # read outside any backward (``grad_fn._saved_self``): recompute for this read alone
             t = self.recompute()[h.index]
         else:

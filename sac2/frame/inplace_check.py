@@ -16,7 +16,7 @@ import torch
 
 from sac2 import _compat, messages
 
-__all__ = ["SavedVersions", "Witnesses", "Entry", "Witnessed", "entry", "hooks_keep", "unchanged"]
+__all__ = ["SavedVersions", "Witnesses", "Entry", "Witnessed", "entry", "hooks_keep"]
 
 Tensor = torch.Tensor
 #: A tensor's witness (``_compat.version_witness``, or the parameter it is or views; else a weak reference to the
@@ -123,19 +123,24 @@ class Witnesses:
     def __init__(self) -> None:
         self.by_root: dict[int, tuple[weakref.ref[Tensor], Tensor | None]] = {}
 
-    def entry(self, x: Tensor) -> Witnessed:
-        """``entry(x)``, with the witness of ``x``'s base made once per forward."""
+    def entry(self, x: Tensor, shape: torch.Size | None) -> Witnessed:
+        """``entry(x)`` (``shape``: ``x.shape`` where the caller read it already, else None), with the witness of
+        ``x``'s base made once per forward. Every saved tensor passes here: each step is a C call or a dict read."""
         base = _view_base(x)
         root = x if base is None or base.dtype != x.dtype else base  # the error names the tensor by its dtype
         if root.is_leaf and root.requires_grad:  # a parameter, or a view of one: its own witness
-            return root, _version(x), x.shape
-        hit = self.by_root.get(id(root))
+            return root, _version(x), x.shape if shape is None else shape
+        by_root = self.by_root
+        key = id(root)
+        hit = by_root.get(key)
         if hit is not None and hit[0]() is root:
             w = hit[1]
         else:
             w = _witness(root)
-            self.by_root[id(root)] = (weakref.ref(root), w)
-        return (weakref.ref(x), _version(x), None) if w is None else (w, _version(x), x.shape)
+            by_root[key] = (_Ref(root), w)
+        if w is None:  # no witness (a subclass, a nested tensor): watched weakly, named by its own shape
+            return _Ref(x), _version(x), None
+        return w, _version(x), x.shape if shape is None else shape
 
 
 def hooks_keep(hooks: _compat.HookPair, device: torch.device, probed: dict[torch.device, bool]) -> bool:
@@ -166,15 +171,7 @@ def entry(x: Tensor) -> Witnessed:
 
 
 _version, _witness, _view_base = _compat.version, _compat.version_witness, _compat.view_base
-
-
-def unchanged(saved: Entry) -> bool:
-    """Whether the tensor of ``saved`` (None: a checkpoint input, autograd's to check) keeps the version it was saved
-    at: the unpack's common case, read inline (``SavedVersions.check`` then says why not)."""
-    if saved is None:
-        return True
-    w = saved[0]
-    return isinstance(w, Tensor) and _version(w) == saved[1]
+_Ref = weakref.ref
 
 
 def _described(x: Tensor, e: Witnessed) -> str:
