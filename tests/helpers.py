@@ -32,6 +32,7 @@ __all__ = [
     "backward_in_style",
     "bitwise_equal",
     "contexts",
+    "WrittenRMSNorm",
     "Block",
     "OpRuns",
     "counted_op",
@@ -157,6 +158,18 @@ def contexts(policy: Any, *, factory: bool = False, **kwargs: Any) -> Callable[[
 
 
 # ---- a model ----
+
+
+class WrittenRMSNorm(nn.Module):
+    """An RMSNorm written out (pow, mean, rsqrt), as users write theirs: dynamo compiles its forward (torch's own
+    ``nn.RMSNorm`` it runs as is), and it has a double backward on every torch."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
 class Block(nn.Module):

@@ -20,18 +20,7 @@ from torch.utils._mode_utils import no_dispatch
 
 import sac2
 
-from helpers import assert_same_as_without_checkpointing, outputs_and_grads
-
-
-class _Norm(nn.Module):
-    """An RMSNorm written by the user: dynamo compiles its forward (torch's own ``nn.RMSNorm`` it runs as is)."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+from helpers import WrittenRMSNorm, assert_same_as_without_checkpointing, outputs_and_grads
 
 
 class _Proj(nn.Module):
@@ -51,7 +40,7 @@ class _Block(nn.Module):
     def __init__(self, d: int = 32, users: bool = False) -> None:
         super().__init__()
         def pair() -> tuple[nn.Module, nn.Module]:
-            return (_Norm(d), _Proj(d)) if users else (nn.RMSNorm(d), nn.Linear(d, d, bias=False))
+            return (WrittenRMSNorm(d), _Proj(d)) if users else (nn.RMSNorm(d), nn.Linear(d, d, bias=False))
 
         (self.norm1, self.linear1), (self.norm2, self.linear2), (self.norm3, self.linear3) = pair(), pair(), pair()
 

@@ -22,21 +22,25 @@ def tokens(vocab: int = VOCAB, batch: int = BATCH, seq: int = SEQ) -> torch.Tens
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1234))
 
 
-def tiny_llama() -> Any:
-    """A 2-layer random-weight ``LlamaForCausalLM`` (SDPA attention), the same weights on every call."""
+def tiny_llama(hidden: int = 64, layers: int = 2, vocab: int = VOCAB) -> Any:
+    """A random-weight ``LlamaForCausalLM`` (SDPA attention, 4 heads, 2 KV heads, MLP twice ``hidden`` wide) in train
+    mode, the same weights on every call: 2 layers of 64 by default."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         attn_implementation="sdpa",
+        use_cache=False,
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)
+    model.train()
+    return model
 
 
 #: torchtitan 0.3.0 model -> its configs registry (every one has a ``debugmodel`` flavor)

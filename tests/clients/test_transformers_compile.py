@@ -28,20 +28,15 @@ from torch._dynamo.utils import counters  # noqa: E402
 import sac2  # noqa: E402
 import sac2.advisor  # noqa: E402
 
+from . import tiny_llama  # noqa: E402
+
 VOCAB = 256
 IDS = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(0))
 
 
 def llama() -> Any:
-    """The issue's model: a LlamaForCausalLM of hidden size 128 and 4 layers (SDPA), random weights, train mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=VOCAB, attn_implementation="sdpa", use_cache=False)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    model.train()
-    return model
+    """The issue's model: hidden size 128 and 4 layers."""
+    return tiny_llama(hidden=128, layers=4, vocab=VOCAB)
 
 
 def _budget(model: nn.Module) -> None:

@@ -15,7 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["run_ranks"]
+import pytest
+import torch
+
+__all__ = ["rank0", "run_ranks"]
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
@@ -78,3 +81,12 @@ def _wait(procs: list[subprocess.Popen[str]], deadline: float, peer_may_fail: bo
             p.kill()
             outputs.append(p.communicate())
     return outputs
+
+
+def rank0(worker: str, timeout_s: float) -> dict:
+    """Rank 0's JSON line of ``worker`` run on 2 ranks (both must succeed); skips where torch has no distributed."""
+    if not torch.distributed.is_available():
+        pytest.skip("torch built without torch.distributed")
+    first, _ = run_ranks(worker, timeout_s=timeout_s)
+    assert first is not None
+    return first

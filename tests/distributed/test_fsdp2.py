@@ -3,16 +3,12 @@
 import pytest
 import torch
 
-from .launch import run_ranks
+from .launch import rank0
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    if not torch.distributed.is_available():
-        pytest.skip("torch built without torch.distributed")
-    rank0, _ = run_ranks("fsdp2_worker.py", timeout_s=55)
-    assert rank0 is not None
-    return rank0
+    return rank0("fsdp2_worker.py", timeout_s=55)
 
 
 @pytest.mark.parametrize("mode", ["selective", "full", "regions"])

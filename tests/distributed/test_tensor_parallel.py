@@ -2,18 +2,13 @@
 full AC give exactly the losses and weights of training without checkpointing."""
 
 import pytest
-import torch
 
-from .launch import run_ranks
+from .launch import rank0
 
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    if not torch.distributed.is_available():
-        pytest.skip("torch built without torch.distributed")
-    rank0, _ = run_ranks("tp_worker.py", timeout_s=90)
-    assert rank0 is not None
-    return rank0
+    return rank0("tp_worker.py", timeout_s=90)
 
 
 @pytest.mark.parametrize("mode", ["selective", "full", "regions"])

@@ -40,6 +40,7 @@ from sac2.regions.in_models import make_regions
 
 from . import torch_style
 from .matrix import LIBRARY, Cell
+from helpers import WrittenRMSNorm
 
 __all__ = ["Problem", "problem", "reference", "run_cell", "close"]
 
@@ -49,17 +50,6 @@ D, T, B = 8, 4, 2  # tiny: inductor compiles C++ per kernel on CPU; the seams ar
 
 
 # ---- the small model ----
-
-
-class RMSNorm(nn.Module):
-    """Written out (pow, mean, rsqrt), so it has a double backward on every torch."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
 
 class Attention(nn.Module):
@@ -77,7 +67,7 @@ class Block(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.norm = RMSNorm(D)
+        self.norm = WrittenRMSNorm(D)
         self.qkv = nn.Linear(D, 3 * D, bias=False)
         self.attention = Attention()
         self.out = nn.Linear(D, D, bias=False)
