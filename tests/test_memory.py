@@ -1,5 +1,7 @@
 """sac2.measure.memory measures what a forward keeps for backward, checked against cases whose answer is known."""
 
+import gc
+
 import torch
 import torch.utils.checkpoint as tuc
 from expecttest import TestCase
@@ -71,6 +73,27 @@ class TestMeasureStepOnCPU(TestCase):
         x = _input()
         memory, _ = measure_step(lambda: tuc.checkpoint(_exp_chain, x, use_reentrant=False).sum(), "cpu")
         self.assertGreaterEqual(memory.peak, N_OPS * _nbytes(x))  # recompute materialises every output at once
+
+    def test_a_block_allocated_before_the_step_and_freed_inside_it_is_not_counted(self):
+        class Cycle:  # only the cycle collector frees it, whenever it runs
+            def __init__(self, t):
+                self.me, self.t = self, t
+
+        x = _input()
+        held = []
+        measure_step(lambda: (held.append(Cycle(torch.randn(4 * x.numel()))), (x * 2).sum())[1], "cpu")
+
+        def forward():
+            gc.collect()  # frees the earlier step's block in this step's window
+            return _exp_chain(x).sum()
+
+        gc.disable()  # no automatic collection frees it before the window opens
+        try:
+            held.clear()
+            memory, loss = measure_step(forward, "cpu")
+        finally:
+            gc.enable()
+        self.assertEqual(memory.kept, N_OPS * _nbytes(x) + _nbytes(loss))
 
     def test_backward_ran(self):
         x = _input()

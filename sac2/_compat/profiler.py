@@ -15,13 +15,34 @@ __all__ = ["allocation_sizes"]
 
 def allocation_sizes(prof: torch.profiler.profile) -> list[int]:
     """Signed sizes of the allocations (+) and frees (-) a finished ``profile_memory=True`` profiler recorded,
-    in time order.
+    in time order, counting a free only where its block was allocated inside the profiled window.
+
+    The CPU allocator reports the free of any block whose size it still remembers, which includes blocks allocated
+    under an earlier profiler and garbage the cycle collector happens to release in this window: counted, such a
+    free would subtract memory the window never held from what it kept.
 
     Removable: the CPU allocator keeps statistics (``memory_allocated`` on CPU).
     """
     results = prof.profiler.kineto_results if prof.profiler is not None else None
     if results is None:
         raise InternalError(messages.internal_error(messages.PROFILER_NOT_RUN))
-    events = [e for e in results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
-    return [e.nbytes() for e in events]  # type: ignore[attr-defined]  # torch's _KinetoEvent stub lacks nbytes
+    events: list[tuple[int, int, int]] = []  # (time, address, signed size)
+    pending = list(results.experimental_event_tree())
+    while pending:
+        node = pending.pop()
+        pending.extend(node.children)
+        if node.tag == torch._C._profiler._EventType.Allocation:
+            fields = node.extra_fields
+            events.append((node.start_time_ns, fields.ptr, fields.alloc_size))
+    events.sort()
+    live: set[int] = set()
+    sizes: list[int] = []
+    for _, address, size in events:
+        if size > 0:
+            live.add(address)
+        elif address in live:
+            live.discard(address)
+        else:
+            continue  # allocated before the window: not this window's to give back
+        sizes.append(size)
+    return sizes
