@@ -8,12 +8,13 @@ arguments: an unknown keyword is a ``TypeError``, a container of blocks is ``blo
 from __future__ import annotations
 
 import copy
+import dataclasses
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch import nn
 
 import sac2
@@ -99,7 +100,11 @@ def _budgeted(model: nn.Module, budget: float | int, **kwargs) -> nn.Module:
     return m
 
 
-class TestWhatABudgetKeeps(TestCase):
+@dataclasses.dataclass
+class _Measured:
+    """One model and input, and the bytes each setup keeps on them: no checkpointing (with its gradients), full AC,
+    and budgets 0 to 1."""
+
     model: Model
     x: torch.Tensor
     none: int
@@ -107,41 +112,48 @@ class TestWhatABudgetKeeps(TestCase):
     want: list[torch.Tensor]
     kept: dict[float, int]
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.model, cls.x = Model(), _input()
-        cls.none, cls.want = _step(copy.deepcopy(cls.model), cls.x)
-        full = copy.deepcopy(cls.model)
-        sac2.apply_ac(full, "full")
-        cls.full = _step(full, cls.x)[0]
-        cls.kept = {f: _step(_budgeted(cls.model, f, example_inputs=(cls.x,)), cls.x)[0]
-                    for f in (0.0, 0.25, 0.5, 0.75, 1.0)}
 
-    def test_a_whole_budget_keeps_no_more_than_no_checkpointing(self):
-        self.assertLessEqual(self.kept[1.0], self.none)
+@pytest.fixture(scope="module")
+def measured() -> _Measured:
+    model, x = Model(), _input()
+    none, want = _step(copy.deepcopy(model), x)
+    full = copy.deepcopy(model)
+    sac2.apply_ac(full, "full")
+    full_kept = _step(full, x)[0]
+    kept = {f: _step(_budgeted(model, f, example_inputs=(x,)), x)[0] for f in (0.0, 0.25, 0.5, 0.75, 1.0)}
+    return _Measured(model, x, none, full_kept, want, kept)
 
-    def test_no_budget_keeps_more_than_full_ac_and_its_share_of_the_difference(self):
-        for f, kept in self.kept.items():
-            self.assertLessEqual(kept, self.full + f * (self.none - self.full), f"budget {f}")
 
-    def test_a_larger_budget_never_keeps_less(self):
-        kept = list(self.kept.values())
-        self.assertEqual(kept, sorted(kept))
+def test_a_whole_budget_keeps_no_more_than_no_checkpointing(measured):
+    assert measured.kept[1.0] <= measured.none
 
-    def test_nothing_worth_keeping_runs_full_ac_and_says_so(self):
-        with self.assertWarnsRegex(UserWarning, "memory_budget=0: nothing a budget could keep pays on this cpu"):
-            sac2.apply_ac(m := copy.deepcopy(self.model), memory_budget=0, example_inputs=(self.x,))
-        self.assertEqual(_step(m, self.x)[0], self.full)
 
-    def test_gradients_are_no_checkpointings_bit_for_bit(self):
-        for f in (0.25, 1.0):
-            _, got = _step(_budgeted(self.model, f, example_inputs=(self.x,)), self.x)
-            self.assertTrue(all(torch.equal(g, w) for g, w in zip(got, self.want, strict=True)), f"budget {f}")
+def test_no_budget_keeps_more_than_full_ac_and_its_share_of_the_difference(measured):
+    for f, kept in measured.kept.items():
+        assert kept <= measured.full + f * (measured.none - measured.full), f"budget {f}"
 
-    def test_bytes_are_for_all_the_blocks_together(self):
-        share = (self.kept[0.5] - self.full) // 2
-        kept = _step(_budgeted(self.model, share, example_inputs=(self.x,)), self.x)[0]
-        self.assertLessEqual(kept, self.full + share)
+
+def test_a_larger_budget_never_keeps_less(measured):
+    kept = list(measured.kept.values())
+    assert kept == sorted(kept)
+
+
+def test_nothing_worth_keeping_runs_full_ac_and_says_so(measured):
+    with pytest.warns(UserWarning, match="memory_budget=0: nothing a budget could keep pays on this cpu"):
+        sac2.apply_ac(m := copy.deepcopy(measured.model), memory_budget=0, example_inputs=(measured.x,))
+    assert _step(m, measured.x)[0] == measured.full
+
+
+def test_gradients_are_no_checkpointings_bit_for_bit(measured):
+    for f in (0.25, 1.0):
+        _, got = _step(_budgeted(measured.model, f, example_inputs=(measured.x,)), measured.x)
+        assert all(torch.equal(g, w) for g, w in zip(got, measured.want, strict=True)), f"budget {f}"
+
+
+def test_bytes_are_for_all_the_blocks_together(measured):
+    share = (measured.kept[0.5] - measured.full) // 2
+    kept = _step(_budgeted(measured.model, share, example_inputs=(measured.x,)), measured.x)[0]
+    assert kept <= measured.full + share
 
 
 def test_a_dense_first_moe_profiles_every_kind_of_block():
@@ -199,41 +211,45 @@ def test_compiled_the_first_forward_profiles_eagerly_then_the_blocks_compile_in_
     assert all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want, strict=True))
 
 
-class TestArguments(TestCase):
-    def test_an_unknown_keyword_is_a_type_error(self):
-        with self.assertRaises(TypeError) as e:
-            sac2.apply_ac(Model(), memory_budgt=0.5)  # a misspelt keyword, on purpose
-        self.assertExpectedInline(str(e.exception), """\
+def test_an_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError) as e:
+        sac2.apply_ac(Model(), memory_budgt=0.5)  # a misspelt keyword, on purpose
+    assert_expected_inline(str(e.value), """\
 sac2.apply_ac() got unexpected keyword arguments ['memory_budgt']: besides its own arguments it takes sac2.checkpoint's options only (use_reentrant, preserve_rng_state, context_fn, determinism_check, debug, early_stop, respect_saved_tensors_hooks), never the blocks' forward arguments.""")  # noqa: E501
 
-    def test_a_sequential_of_blocks_is_the_blocks(self):
-        seq = nn.Sequential(Block(), Block())
-        for blocks in (None, "itself"):
-            model = copy.deepcopy(seq)
-            wrapped = sac2.apply_ac(model, "full", blocks=model if blocks == "itself" else None)
-            self.assertEqual(wrapped, ["0", "1"])
-            self.assertTrue(all(isinstance(b, sac2.CheckpointWrapper) for b in model))
 
-    def test_example_inputs_need_a_budget(self):
-        with self.assertRaises(ValueError) as e:
-            sac2.apply_ac(Model(), example_inputs=(_input(),))
-        self.assertExpectedInline(str(e.exception), """\
+def test_a_sequential_of_blocks_is_the_blocks():
+    seq = nn.Sequential(Block(), Block())
+    for blocks in (None, "itself"):
+        model = copy.deepcopy(seq)
+        wrapped = sac2.apply_ac(model, "full", blocks=model if blocks == "itself" else None)
+        assert wrapped == ["0", "1"]
+        assert all(isinstance(b, sac2.CheckpointWrapper) for b in model)
+
+
+def test_example_inputs_need_a_budget():
+    with pytest.raises(ValueError) as e:
+        sac2.apply_ac(Model(), example_inputs=(_input(),))
+    assert_expected_inline(str(e.value), """\
 sac2.apply_ac: example_inputs= are what a memory_budget= is profiled on; pass memory_budget= too, or drop example_inputs=.""")  # noqa: E501
 
-    def test_a_budget_takes_no_policy(self):
-        with self.assertRaises(ValueError) as e:
-            sac2.apply_ac(Model(), memory_budget=0.5, policy=sac2.policies.llm())
-        self.assertExpectedInline(str(e.exception), """\
+
+def test_a_budget_takes_no_policy():
+    with pytest.raises(ValueError) as e:
+        sac2.apply_ac(Model(), memory_budget=0.5, policy=sac2.policies.llm())
+    assert_expected_inline(str(e.value), """\
 sac2.apply_ac: memory_budget= chooses what each block keeps, so it takes no policy=; drop one of them.""")
 
-    def test_a_budget_takes_no_offload(self):
-        with self.assertRaises(ValueError) as e:
-            sac2.apply_ac(Model(), memory_budget=0.5, offload=["inputs"])
-        self.assertExpectedInline(str(e.exception), """sac2.apply_ac: memory_budget= takes no offload=: a budget is a share of what the blocks keep on the device and prices keeping against recomputing there, not against the host link offload= pays. Drop one of them, or let sac2.advise measure both side by side (on a CUDA device it adds offload rows beside its budget row).""")  # noqa: E501
 
-    def test_a_budget_above_one_must_be_bytes(self):
-        with pytest.raises(ValueError, match="must be in \\[0, 1\\], got 1.5; pass an int for bytes"):
-            sac2.apply_ac(Model(), memory_budget=1.5)
+def test_a_budget_takes_no_offload():
+    with pytest.raises(ValueError) as e:
+        sac2.apply_ac(Model(), memory_budget=0.5, offload=["inputs"])
+    assert_expected_inline(str(e.value), """sac2.apply_ac: memory_budget= takes no offload=: a budget is a share of what the blocks keep on the device and prices keeping against recomputing there, not against the host link offload= pays. Drop one of them, or let sac2.advise measure both side by side (on a CUDA device it adds offload rows beside its budget row).""")  # noqa: E501
+
+
+def test_a_budget_above_one_must_be_bytes():
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\], got 1.5; pass an int for bytes"):
+        sac2.apply_ac(Model(), memory_budget=1.5)
 
 
 def test_profiling_a_block_keeps_no_memory_once_it_returns():

@@ -6,7 +6,6 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from expecttest import TestCase
 from torch import nn
 
 import sac2
@@ -63,145 +62,154 @@ def _grads(model, x, policy=None):
     return torch.autograd.grad(out.square().sum(), [x, *model.parameters()])
 
 
-class TestMemoryBudget(TestCase):
-    def test_each_budget_keeps_at_most_its_share_of_what_no_checkpointing_keeps(self):
-        model, x = _model(), _input()
-        none, output = _none_and_output_bytes(model, x)
-        for budget in (0.3, 0.5, 0.7):
-            policy = memory_budget(model, (x,), budget, cost="flops")
-            kept = activation_memory(model, (x,), policy)
-            self.assertGreater(kept, output, f"budget {budget}: nothing is saved but the output")
-            self.assertLessEqual(kept - output, budget * none, f"budget {budget}")
-            self.assertEqual(kept, policy.kept_bytes)
+def test_each_budget_keeps_at_most_its_share_of_what_no_checkpointing_keeps():
+    model, x = _model(), _input()
+    none, output = _none_and_output_bytes(model, x)
+    for budget in (0.3, 0.5, 0.7):
+        policy = memory_budget(model, (x,), budget, cost="flops")
+        kept = activation_memory(model, (x,), policy)
+        assert kept > output, f"budget {budget}: nothing is saved but the output"
+        assert kept - output <= budget * none, f"budget {budget}"
+        assert kept == policy.kept_bytes
 
-    def test_a_whole_budget_keeps_no_more_than_no_checkpointing(self):
-        model, x = _model(), _input()
-        none, output = _none_and_output_bytes(model, x)
-        policy = memory_budget(model, (x,), 1.0, cost="flops")
-        self.assertLessEqual(activation_memory(model, (x,), policy) - output, none)
-        self.assertLess(none, activation_memory(model, (x,), _save_all) - output)  # saving every op keeps more
 
-    def test_an_int_one_is_the_whole_budget_not_one_byte(self):
-        model, x = _model(), _input()
-        whole = memory_budget(model, (x,), 1.0, cost="flops")
-        self.assertEqual(memory_budget(model, (x,), 1, cost="flops").saved, whole.saved)
+def test_a_whole_budget_keeps_no_more_than_no_checkpointing():
+    model, x = _model(), _input()
+    none, output = _none_and_output_bytes(model, x)
+    policy = memory_budget(model, (x,), 1.0, cost="flops")
+    assert activation_memory(model, (x,), policy) - output <= none
+    assert none < activation_memory(model, (x,), _save_all) - output  # saving every op keeps more
 
-    def test_recomputes_no_more_than_a_save_list_at_equal_memory(self):
-        model, x = _model(), _input()
-        _, output = _none_and_output_bytes(model, x)
-        for preset in (llm_save_list(), [aten.mm.default]):
-            preset_profile = profile(model, (x,), cost="flops", policy=preset)
-            saved = [i for i, c in enumerate(preset_profile.calls) if sac2.core.decisions.is_save(c.decision)]
-            preset_bytes = preset_profile.kept_bytes(saved)
-            policy = memory_budget(model, (x,), preset_bytes, cost="flops")
-            self.assertLessEqual(policy.kept_bytes - output, preset_bytes)
-            self.assertLessEqual(policy.recompute_cost, preset_profile.recompute_cost(saved))
 
-    def test_gradients_are_bit_exact(self):
-        model, x = _model(), _input()
-        policy = memory_budget(model, (x,), 0.5, cost="flops")
+def test_an_int_one_is_the_whole_budget_not_one_byte():
+    model, x = _model(), _input()
+    whole = memory_budget(model, (x,), 1.0, cost="flops")
+    assert memory_budget(model, (x,), 1, cost="flops").saved == whole.saved
+
+
+def test_recomputes_no_more_than_a_save_list_at_equal_memory():
+    model, x = _model(), _input()
+    _, output = _none_and_output_bytes(model, x)
+    for preset in (llm_save_list(), [aten.mm.default]):
+        preset_profile = profile(model, (x,), cost="flops", policy=preset)
+        saved = [i for i, c in enumerate(preset_profile.calls) if sac2.core.decisions.is_save(c.decision)]
+        preset_bytes = preset_profile.kept_bytes(saved)
+        policy = memory_budget(model, (x,), preset_bytes, cost="flops")
+        assert policy.kept_bytes - output <= preset_bytes
+        assert policy.recompute_cost <= preset_profile.recompute_cost(saved)
+
+
+def test_gradients_are_bit_exact():
+    model, x = _model(), _input()
+    policy = memory_budget(model, (x,), 0.5, cost="flops")
+    for got, want in zip(_grads(model, x, policy), _grads(model, x), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_random_ops_replay_the_same_numbers():
+    model, x = _model(p=0.5), _input()
+    for budget in (0.0, 0.5, 1.0):
+        policy = memory_budget(model, (x,), budget, cost="flops")
         for got, want in zip(_grads(model, x, policy), _grads(model, x), strict=True):
-            self.assertTrue(torch.equal(got, want))
-
-    def test_random_ops_replay_the_same_numbers(self):
-        model, x = _model(p=0.5), _input()
-        for budget in (0.0, 0.5, 1.0):
-            policy = memory_budget(model, (x,), budget, cost="flops")
-            for got, want in zip(_grads(model, x, policy), _grads(model, x), strict=True):
-                self.assertTrue(torch.equal(got, want), f"budget {budget}")
-
-    def test_decisions_are_the_same_in_every_forward(self):
-        model, x = _model(), _input()
-        policy = memory_budget(model, (x,), 0.5, cost="flops")
-        answers = []
-
-        def spy(ctx, op, *args, **kwargs):
-            answers.append(policy(ctx, op, *args, **kwargs))
-            return answers[-1]
-
-        _grads(model, x, spy)
-        first = list(answers)
-        answers.clear()
-        _grads(model, x, spy)
-        self.assertEqual(answers, first)
-        self.assertEqual(len(first), len(policy.profile.calls))
-
-    def test_views_are_never_saved(self):
-        model, x = _model(), _input()
-        policy = memory_budget(model, (x,), 1.0, cost="flops")
-        answers = []
-
-        def spy(ctx, op, *args, **kwargs):
-            answers.append((op, policy(ctx, op, *args, **kwargs)))
-            return answers[-1][1]
-
-        _grads(model, x, spy)
-        saved = {str(op) for op, answer in answers if answer in SAVES}
-        views = {str(op): answer for op, answer in answers if getattr(op, "is_view", False)}
-        self.assertIn("aten.mm.default", saved)  # a full budget saves what it can
-        self.assertIn("aten.view.default", views)
-        self.assertEqual({op: a for op, a in views.items() if a in SAVES}, {})
-
-    def test_a_budget_in_bytes_caps_the_kept_bytes(self):
-        model, x = _model(), _input()
-        _, output = _none_and_output_bytes(model, x)
-        kept = activation_memory(model, (x,), memory_budget(model, (x,), 10_000, cost="flops")) - output
-        self.assertGreater(kept, 0)
-        self.assertLessEqual(kept, 10_000)
-        smaller = activation_memory(model, (x,), memory_budget(model, (x,), 2_500, cost="flops")) - output
-        self.assertGreater(smaller, 0)
-        self.assertLess(smaller, kept)  # the cap, not something else, limits what is kept
-        self.assertLessEqual(smaller, 2_500)
-
-    def test_measured_cost_is_in_seconds(self):
-        model, x = _model(), _input()
-        policy = memory_budget(model, (x,), 0.5)
-        self.assertEqual(policy.profile.cost_unit, "s")
-        self.assertLessEqual(policy.capacity, 0.5 * policy.profile.none_bytes)
-
-    def test_a_call_the_profile_did_not_see_is_recomputed_and_named_once(self):
-        model, x = _model(), _input()
-        policy = memory_budget(model[0], (x,), 0.5, cost="flops")  # profiled on one block, run on two
-        with self.assertWarnsRegex(UserWarning, r"runs aten\.\S+ \(call \d+ of that op\).*it is recomputed"):
-            got = _grads(model, x, policy)
-        self.assertTrue(all(torch.equal(g, w) for g, w in zip(got, _grads(model, x), strict=True)))
-        self.assertLessEqual(activation_memory(model, (x,), policy), policy.kept_bytes)
-
-    def test_fraction_out_of_range_is_an_error(self):
-        model, x = _model(), _input()
-        with self.assertRaisesRegex(ValueError, "must be in \\[0, 1\\], got 1.5; pass an int for bytes"):
-            memory_budget(model, (x,), 1.5, cost="flops")
+            assert torch.equal(got, want), f"budget {budget}"
 
 
-class TestOnTheBenchModel(TestCase):
-    """The acceptance case: one block of the bench's ``small`` config (d=512, seq 256, batch 2)."""
+def test_decisions_are_the_same_in_every_forward():
+    model, x = _model(), _input()
+    policy = memory_budget(model, (x,), 0.5, cost="flops")
+    answers = []
 
-    def setUp(self):
-        from sac2.bench.models import CONFIGS, Transformer
+    def spy(ctx, op, *args, **kwargs):
+        answers.append(policy(ctx, op, *args, **kwargs))
+        return answers[-1]
 
-        cfg = CONFIGS["small"]
-        torch.manual_seed(0)
-        self.block = Transformer(cfg).blocks[0]
-        self.x = torch.randn(cfg.batch, cfg.seq_len, cfg.dim, requires_grad=True)
+    _grads(model, x, spy)
+    first = list(answers)
+    answers.clear()
+    _grads(model, x, spy)
+    assert answers == first
+    assert len(first) == len(policy.profile.calls)
 
-    def test_budgets_keep_within_their_share_and_recompute_no_more_than_the_llm_preset(self):
-        block, x = self.block, (self.x,)
-        none, output = _none_and_output_bytes(block, self.x)
-        preset = profile(block, x, cost="flops", policy=sac2.policies.llm())
-        saved = [i for i, c in enumerate(preset.calls) if sac2.core.decisions.is_save(c.decision)]
-        preset_bytes, preset_cost = preset.kept_bytes(saved), preset.recompute_cost(saved)
-        for budget in (0.3, 0.5, 0.7):
-            policy = memory_budget(block, x, budget, cost="flops")
-            kept = activation_memory(block, x, policy) - output
-            self.assertGreater(kept, 0, f"budget {budget}: nothing is saved")
-            self.assertLessEqual(kept, budget * none, f"budget {budget}")
-            if kept <= preset_bytes:
-                continue
-            # at least the preset's memory: the knapsack must not recompute more than the preset does
-            self.assertLessEqual(policy.recompute_cost, preset_cost, f"budget {budget}")
-        at_preset = memory_budget(block, x, preset_bytes, cost="flops")
-        self.assertLessEqual(at_preset.kept_bytes - output, preset_bytes)
-        self.assertLessEqual(at_preset.recompute_cost, preset_cost)
+
+def test_views_are_never_saved():
+    model, x = _model(), _input()
+    policy = memory_budget(model, (x,), 1.0, cost="flops")
+    answers = []
+
+    def spy(ctx, op, *args, **kwargs):
+        answers.append((op, policy(ctx, op, *args, **kwargs)))
+        return answers[-1][1]
+
+    _grads(model, x, spy)
+    saved = {str(op) for op, answer in answers if answer in SAVES}
+    views = {str(op): answer for op, answer in answers if getattr(op, "is_view", False)}
+    assert "aten.mm.default" in saved  # a full budget saves what it can
+    assert "aten.view.default" in views
+    assert {op: a for op, a in views.items() if a in SAVES} == {}
+
+
+def test_a_budget_in_bytes_caps_the_kept_bytes():
+    model, x = _model(), _input()
+    _, output = _none_and_output_bytes(model, x)
+    kept = activation_memory(model, (x,), memory_budget(model, (x,), 10_000, cost="flops")) - output
+    assert kept > 0
+    assert kept <= 10_000
+    smaller = activation_memory(model, (x,), memory_budget(model, (x,), 2_500, cost="flops")) - output
+    assert smaller > 0
+    assert smaller < kept  # the cap, not something else, limits what is kept
+    assert smaller <= 2_500
+
+
+def test_measured_cost_is_in_seconds():
+    model, x = _model(), _input()
+    policy = memory_budget(model, (x,), 0.5)
+    assert policy.profile.cost_unit == "s"
+    assert policy.capacity <= 0.5 * policy.profile.none_bytes
+
+
+def test_a_call_the_profile_did_not_see_is_recomputed_and_named_once():
+    model, x = _model(), _input()
+    policy = memory_budget(model[0], (x,), 0.5, cost="flops")  # profiled on one block, run on two
+    with pytest.warns(UserWarning, match=r"runs aten\.\S+ \(call \d+ of that op\).*it is recomputed"):
+        got = _grads(model, x, policy)
+    assert all(torch.equal(g, w) for g, w in zip(got, _grads(model, x), strict=True))
+    assert activation_memory(model, (x,), policy) <= policy.kept_bytes
+
+
+def test_fraction_out_of_range_is_an_error():
+    model, x = _model(), _input()
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\], got 1.5; pass an int for bytes"):
+        memory_budget(model, (x,), 1.5, cost="flops")
+
+
+@pytest.fixture
+def bench_block() -> tuple[nn.Module, torch.Tensor]:
+    """The acceptance case: one block of the bench's ``small`` config (d=512, seq 256, batch 2), and its input."""
+    from sac2.bench.models import CONFIGS, Transformer
+
+    cfg = CONFIGS["small"]
+    torch.manual_seed(0)
+    return Transformer(cfg).blocks[0], torch.randn(cfg.batch, cfg.seq_len, cfg.dim, requires_grad=True)
+
+
+def test_budgets_keep_within_their_share_and_recompute_no_more_than_the_llm_preset(bench_block):
+    block, x = bench_block[0], (bench_block[1],)
+    none, output = _none_and_output_bytes(block, bench_block[1])
+    preset = profile(block, x, cost="flops", policy=sac2.policies.llm())
+    saved = [i for i, c in enumerate(preset.calls) if sac2.core.decisions.is_save(c.decision)]
+    preset_bytes, preset_cost = preset.kept_bytes(saved), preset.recompute_cost(saved)
+    for budget in (0.3, 0.5, 0.7):
+        policy = memory_budget(block, x, budget, cost="flops")
+        kept = activation_memory(block, x, policy) - output
+        assert kept > 0, f"budget {budget}: nothing is saved"
+        assert kept <= budget * none, f"budget {budget}"
+        if kept <= preset_bytes:
+            continue
+        # at least the preset's memory: the knapsack must not recompute more than the preset does
+        assert policy.recompute_cost <= preset_cost, f"budget {budget}"
+    at_preset = memory_budget(block, x, preset_bytes, cost="flops")
+    assert at_preset.kept_bytes - output <= preset_bytes
+    assert at_preset.recompute_cost <= preset_cost
 
 
 def _answers_per_forward(policy: Any, run: Callable[[Callable], None]) -> list[list[tuple[str, str]]]:

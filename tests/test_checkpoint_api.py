@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as tuc
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 
 import sac2
 
@@ -127,18 +127,18 @@ def test_use_reentrant_none_means_false_without_warning() -> None:
         assert _runs(_neg_then_exp, use_reentrant=None, context_fn=contexts([COUNTED])) == 1
 
 
-class TestReentrant(TestCase):
-    def test_with_context_fn_raises(self) -> None:
-        with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(
-                _neg_then_exp, randn(3, 3, dtype=torch.float64), use_reentrant=True, context_fn=contexts([COUNTED])
-            )
-        self.assertExpectedInline(str(cm.exception), """sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective policy; drop use_reentrant (sac2 defaults to False) to use context_fn.""")  # noqa: E501
-
-    def test_without_context_fn_gives_equal_gradients(self) -> None:
-        assert_same_as_without_checkpointing(
-            partial(sac2.checkpoint, use_reentrant=True), _neg_then_exp, randn(3, 3, dtype=torch.float64)
+def test_with_context_fn_raises() -> None:
+    with pytest.raises(ValueError) as cm:
+        sac2.checkpoint(
+            _neg_then_exp, randn(3, 3, dtype=torch.float64), use_reentrant=True, context_fn=contexts([COUNTED])
         )
+    assert_expected_inline(str(cm.value), """sac2.checkpoint: use_reentrant=True recomputes the whole function and cannot apply a selective policy; drop use_reentrant (sac2 defaults to False) to use context_fn.""")  # noqa: E501
+
+
+def test_without_context_fn_gives_equal_gradients() -> None:
+    assert_same_as_without_checkpointing(
+        partial(sac2.checkpoint, use_reentrant=True), _neg_then_exp, randn(3, 3, dtype=torch.float64)
+    )
 
 
 def _dropout(a: torch.Tensor) -> torch.Tensor:
@@ -291,11 +291,10 @@ def test_decorator_form_passes_keyword_arguments_named_like_options_to_the_funct
     assert seen == {"debug": "the function's"}
 
 
-class TestDecoratorErrors(TestCase):
-    def test_keyword_arguments_without_a_function_raise(self) -> None:
-        with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(use_reentrant=False, scale=2)  # type: ignore[call-overload]  # misuse, on purpose
-        self.assertExpectedInline(str(cm.exception), """Unexpected keyword arguments: scale""")
+def test_keyword_arguments_without_a_function_raise() -> None:
+    with pytest.raises(ValueError) as cm:
+        sac2.checkpoint(use_reentrant=False, scale=2)  # type: ignore[call-overload]  # misuse, on purpose
+    assert_expected_inline(str(cm.value), """Unexpected keyword arguments: scale""")
 
 
 def _forwarded(monkeypatch: pytest.MonkeyPatch, **options: Any) -> dict:
@@ -335,13 +334,12 @@ def test_respect_saved_tensors_hooks_is_forwarded_only_to_a_torch_that_takes_it(
     assert ("respect_saved_tensors_hooks" in forwarded) == TORCH_TAKES_HOOKS_FLAG  # 2.13 would pass it to fn
 
 
-class TestReentrantHooksFlag(TestCase):
-    def test_respect_saved_tensors_hooks_with_use_reentrant_raises(self) -> None:
-        with self.assertRaises(ValueError) as cm:
-            sac2.checkpoint(
-                _neg_then_exp, randn(3, 3, dtype=torch.float64), use_reentrant=True, respect_saved_tensors_hooks=True
-            )
-        self.assertExpectedInline(str(cm.exception), """Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when use_reentrant=False.""")  # noqa: E501
+def test_respect_saved_tensors_hooks_with_use_reentrant_raises() -> None:
+    with pytest.raises(ValueError) as cm:
+        sac2.checkpoint(
+            _neg_then_exp, randn(3, 3, dtype=torch.float64), use_reentrant=True, respect_saved_tensors_hooks=True
+        )
+    assert_expected_inline(str(cm.value), """Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` is only supported when use_reentrant=False.""")  # noqa: E501
 
 
 def test_use_reentrant_forwards_preserve_rng_state_false() -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch import nn
 
 import sac2
@@ -148,7 +148,6 @@ def test_a_checkpoint_that_compiles_does_not_warn(route: str, backend: str) -> N
     assert _fallbacks(step) == []
 
 
-class TestFallbackMessage(TestCase):
-    def test_the_warning_names_the_block_and_dynamos_graph_break(self) -> None:
-        (text,) = _fallbacks(lambda: _compiled_step("sac2.checkpoint_wrapper"))
-        self.assertExpectedInline(text.split(" (at ")[0], """sac2: the checkpointed block Breaking ran eagerly under torch.compile: dynamo could not trace its checkpoint, so the block and its recompute run outside the compiled graph. dynamo's last graph break: Call to `torch._dynamo.graph_break()`; Called `torch._dynamo.graph_break()` with args `[]`, kwargs `{}`""")  # noqa: E501
+def test_the_warning_names_the_block_and_dynamos_graph_break() -> None:
+    (text,) = _fallbacks(lambda: _compiled_step("sac2.checkpoint_wrapper"))
+    assert_expected_inline(text.split(" (at ")[0], """sac2: the checkpointed block Breaking ran eagerly under torch.compile: dynamo could not trace its checkpoint, so the block and its recompute run outside the compiled graph. dynamo's last graph break: Call to `torch._dynamo.graph_break()`; Called `torch._dynamo.graph_break()` with args `[]`, kwargs `{}`""")  # noqa: E501

@@ -5,7 +5,7 @@ import os
 import tempfile
 
 import torch
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch import nn
 
 import sac2
@@ -31,10 +31,9 @@ def save_addmm(_ctx, op, *args, **kwargs):
     return op is aten.addmm.default
 
 
-class TestExplain(TestCase):
-    def test_table_for_a_save_list(self):
-        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
-        self.assertExpectedInline(str(report), """\
+def test_table_for_a_save_list():
+    report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+    assert_expected_inline(str(report), """\
 op                  calls  saved B  freed B  recompute (flop)  decision   rule
 ------------------  -----  -------  -------  ----------------  ---------  -------------------------
 aten.t.default      2      0        0        0                 recompute  view: re-run, never saved
@@ -43,10 +42,11 @@ aten.relu.default   1      0        512      128               recompute  save l
 aten.tanh.default   1      0        256      64                recompute  save list
 total               6      768      768      192""")
 
-    def test_table_for_a_memory_budget_names_the_solver(self):
-        model, x = _mlp(), _input()
-        report = explain(model, (x,), memory_budget(model, (x,), 0.5, cost="flops"), cost="flops")
-        self.assertExpectedInline(str(report), """\
+
+def test_table_for_a_memory_budget_names_the_solver():
+    model, x = _mlp(), _input()
+    report = explain(model, (x,), memory_budget(model, (x,), 0.5, cost="flops"), cost="flops")
+    assert_expected_inline(str(report), """\
 op                  calls  saved B  freed B  recompute (flop)  decision     rule
 ------------------  -----  -------  -------  ----------------  -----------  ---------------------------
 aten.t.default      2      0        0        0                 recompute    view: re-run, never saved
@@ -55,9 +55,10 @@ aten.relu.default   1      0        512      128               recompute    memo
 aten.tanh.default   1      256      0        0                 save         memory_budget(256 B, exact)
 total               6      512      1024     4224""")
 
-    def test_rule_names_a_function_policy_by_its_qualified_name(self):
-        report = explain(_mlp(), (_input(),), save_addmm, cost="flops")
-        self.assertExpectedInline(str(report), """\
+
+def test_rule_names_a_function_policy_by_its_qualified_name():
+    report = explain(_mlp(), (_input(),), save_addmm, cost="flops")
+    assert_expected_inline(str(report), """\
 op                  calls  saved B  freed B  recompute (flop)  decision   rule
 ------------------  -----  -------  -------  ----------------  ---------  -------------------------
 aten.t.default      2      0        0        0                 recompute  view: re-run, never saved
@@ -66,29 +67,32 @@ aten.relu.default   1      0        512      128               recompute  test_e
 aten.tanh.default   1      0        256      64                recompute  test_explain.save_addmm
 total               6      768      768      192""")
 
-    def test_json_round_trips(self):
-        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
-        self.assertEqual(Report.from_json(report.to_json()), report)
 
-    def test_curve_spans_budgets_with_memory_rising_and_cost_falling(self):
-        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
-        budgets, kept, cost = zip(*report.curve, strict=True)
-        self.assertEqual(budgets[0], 0.0)
-        self.assertEqual(budgets[-1], 1.0)
-        self.assertEqual(list(kept), sorted(kept))
-        self.assertEqual(list(cost), sorted(cost, reverse=True))
-        self.assertEqual(report.none_bytes, 4 * 32 * 4)  # autograd keeps relu's output (the 2nd Linear's input)
-        self.assertLessEqual(kept[-1], report.none_bytes + 4 * 16 * 4)  # 1: no more than that (the output aside)
+def test_json_round_trips():
+    report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+    assert Report.from_json(report.to_json()) == report
 
-    def test_plot_writes_a_png(self):
-        report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
-        with tempfile.TemporaryDirectory() as d:
-            report.plot(os.path.join(d, "r.png"))
-            curve = plot_budgets(_mlp(), (_input(),), os.path.join(d, "b.png"), cost="flops")
-            for name in ("r.png", "b.png"):
-                with open(os.path.join(d, name), "rb") as f:
-                    self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
-        self.assertEqual(curve, report.curve)
+
+def test_curve_spans_budgets_with_memory_rising_and_cost_falling():
+    report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+    budgets, kept, cost = zip(*report.curve, strict=True)
+    assert budgets[0] == 0.0
+    assert budgets[-1] == 1.0
+    assert list(kept) == sorted(kept)
+    assert list(cost) == sorted(cost, reverse=True)
+    assert report.none_bytes == 4 * 32 * 4  # autograd keeps relu's output (the 2nd Linear's input)
+    assert kept[-1] <= report.none_bytes + 4 * 16 * 4  # 1: no more than that (the output aside)
+
+
+def test_plot_writes_a_png():
+    report = explain(_mlp(), (_input(),), [aten.addmm.default], cost="flops")
+    with tempfile.TemporaryDirectory() as d:
+        report.plot(os.path.join(d, "r.png"))
+        curve = plot_budgets(_mlp(), (_input(),), os.path.join(d, "b.png"), cost="flops")
+        for name in ("r.png", "b.png"):
+            with open(os.path.join(d, name), "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert curve == report.curve
 
 
 def _sin_t_cos(x: torch.Tensor) -> torch.Tensor:
@@ -101,10 +105,9 @@ def save_all(_ctx, _op, *args, **kwargs):
     return True
 
 
-class TestExplainIsWhatTheForwardKeeps(TestCase):
-    def test_an_in_place_view_op_is_re_run_and_the_outputs_around_it_are_saved(self):
-        report = explain(_sin_t_cos, (torch.ones(2, 4, requires_grad=True),), save_all, cost="flops")
-        self.assertExpectedInline(str(report), """\
+def test_an_in_place_view_op_is_re_run_and_the_outputs_around_it_are_saved():
+    report = explain(_sin_t_cos, (torch.ones(2, 4, requires_grad=True),), save_all, cost="flops")
+    assert_expected_inline(str(report), """\
 op                calls  saved B  freed B  recompute (flop)  decision   rule
 ----------------  -----  -------  -------  ----------------  ---------  -------------------------
 aten.sin.default  1      32       0        0                 save       test_explain.save_all
@@ -112,21 +115,20 @@ aten.t_.default   1      0        0        0                 recompute  view: re
 aten.cos.default  1      32       0        0                 save       test_explain.save_all
 total             3      64       0        0""")
 
-    def test_one_tensor_is_one_argument(self):
-        x = torch.ones(2, 4, requires_grad=True)
-        self.assertEqual(explain(_sin_t_cos, x, save_all, cost="flops"),
-                         explain(_sin_t_cos, (x,), save_all, cost="flops"))
+
+def test_one_tensor_is_one_argument():
+    x = torch.ones(2, 4, requires_grad=True)
+    assert explain(_sin_t_cos, x, save_all, cost="flops") == explain(_sin_t_cos, (x,), save_all, cost="flops")
 
 
 #: Saves relu's output on the device and offloads both Linears' outputs.
 OFFLOAD_ADDMM = SaveList([aten.relu.default], offload=[aten.addmm.default])
 
 
-class TestExplainOffload(TestCase):
-    def test_offloaded_calls_are_counted_in_host_memory_apart_from_what_the_device_keeps(self):
-        with stand_in():  # a device offload moves tensors off
-            report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
-        self.assertExpectedInline(str(report), """\
+def test_offloaded_calls_are_counted_in_host_memory_apart_from_what_the_device_keeps():
+    with stand_in():  # a device offload moves tensors off
+        report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
+    assert_expected_inline(str(report), """\
 op                  calls  saved B  host B  freed B  recompute (flop)  decision   rule
 ------------------  -----  -------  ------  -------  ----------------  ---------  -------------------------
 aten.t.default      2      0        0       0        0                 recompute  view: re-run, never saved
@@ -135,21 +137,23 @@ aten.relu.default   1      512      0       0        0                 save     
 aten.tanh.default   1      0        0       256      64                recompute  save list
 total               6      512      768     256      64""")
 
-    def test_host_bytes_are_what_offload_moves_once_the_next_block_starts(self):
-        first, second, x = _mlp(), _mlp(), _input()
-        context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, OFFLOAD_ADDMM)
 
-        def two_blocks():  # the first block goes to the host when the second starts; the last keeps its own
-            return sac2.checkpoint(second, sac2.checkpoint(first, x, context_fn=context_fn), context_fn=context_fn)
+def test_host_bytes_are_what_offload_moves_once_the_next_block_starts():
+    first, second, x = _mlp(), _mlp(), _input()
+    context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, OFFLOAD_ADDMM)
 
-        with stand_in():
-            report = explain(first, (x,), OFFLOAD_ADDMM, cost="flops")
-            memory, _ = measure_step(lambda: two_blocks().sum(), "cpu")
-        self.assertEqual(memory.host, report.host_bytes)
+    def two_blocks():  # the first block goes to the host when the second starts; the last keeps its own
+        return sac2.checkpoint(second, sac2.checkpoint(first, x, context_fn=context_fn), context_fn=context_fn)
 
-    def test_without_an_accelerator_an_offload_answer_keeps_the_bytes_on_the_device_and_it_says_so(self):
-        report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
-        self.assertExpectedInline(str(report), """\
+    with stand_in():
+        report = explain(first, (x,), OFFLOAD_ADDMM, cost="flops")
+        memory, _ = measure_step(lambda: two_blocks().sum(), "cpu")
+    assert memory.host == report.host_bytes
+
+
+def test_without_an_accelerator_an_offload_answer_keeps_the_bytes_on_the_device_and_it_says_so():
+    report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
+    assert_expected_inline(str(report), """\
 op                  calls  saved B  host B  freed B  recompute (flop)  decision   rule
 ------------------  -----  -------  ------  -------  ----------------  ---------  -------------------------
 aten.t.default      2      0        0       0        0                 recompute  view: re-run, never saved
@@ -159,8 +163,9 @@ aten.tanh.default   1      0        0       256      64                recompute
 total               6      1280     0       256      64
 offloaded but kept on the device: 768 B (offload moves tensors off a CUDA device to host memory; these are not on one, so the offload answer saves them)""")  # noqa: E501
 
-    def test_json_round_trips_host_bytes(self):
-        with stand_in():
-            report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
-        back = Report.from_json(report.to_json())
-        self.assertEqual((back, back.host_bytes), (report, 768))
+
+def test_json_round_trips_host_bytes():
+    with stand_in():
+        report = explain(_mlp(), (_input(),), OFFLOAD_ADDMM, cost="flops")
+    back = Report.from_json(report.to_json())
+    assert (back, back.host_bytes) == (report, 768)

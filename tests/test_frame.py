@@ -32,7 +32,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as tuc
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch.utils._pytree import tree_flatten
 
 import sac2
@@ -353,14 +353,13 @@ def _shape_changes_in_recompute(log: list) -> Callable[[torch.Tensor], torch.Ten
     return fn
 
 
-class TestDeterminismCheck(TestCase):
-    def test_default_raises_on_a_recomputed_tensor_of_another_shape(self) -> None:
-        def scenario():
-            x = x_()
-            return grad_of(ckpt(_shape_changes_in_recompute([]), x), x)
+def test_default_raises_on_a_recomputed_tensor_of_another_shape() -> None:
+    def scenario():
+        x = x_()
+        return grad_of(ckpt(_shape_changes_in_recompute([]), x), x)
 
-        seen = same(scenario, raises=tuc.CheckpointError)
-        self.assertExpectedInline(seen.error[1].replace(DEBUG_TIP, "<tip>"), """\
+    seen = same(scenario, raises=tuc.CheckpointError)
+    assert_expected_inline(seen.error[1].replace(DEBUG_TIP, "<tip>"), """\
 torch.utils.checkpoint: Recomputed values for the following tensors have different metadata than during the forward pass.
 tensor at position 0:
 saved metadata: {'shape': torch.Size([4, 4]), 'dtype': torch.float32, 'device': device(type='cpu')}
@@ -368,55 +367,59 @@ recomputed metadata: {'shape': torch.Size([1, 4]), 'dtype': torch.float32, 'devi
 .
 <tip>""")  # noqa: E501
 
-    def test_none_uses_the_recomputed_tensor(self) -> None:
-        def scenario():
-            x = x_()
-            return grad_of(ckpt(_shape_changes_in_recompute([]), x, determinism_check="none"), x)
 
-        (g,) = same(scenario).value
-        assert torch.equal(g, torch.full((4, 4), 2.0))
+def test_none_uses_the_recomputed_tensor() -> None:
+    def scenario():
+        x = x_()
+        return grad_of(ckpt(_shape_changes_in_recompute([]), x, determinism_check="none"), x)
 
-    def test_fewer_tensors_saved_in_recompute_raise(self) -> None:
-        def scenario():
-            log: list = []
+    (g,) = same(scenario).value
+    assert torch.equal(g, torch.full((4, 4), 2.0))
 
-            def fn(x):
-                log.append(None)
-                return x.sin() if len(log) == 1 else x * 2  # the scalar mul saves nothing
 
-            x = x_()
-            return grad_of(ckpt(fn, x), x)
+def test_fewer_tensors_saved_in_recompute_raise() -> None:
+    def scenario():
+        log: list = []
 
-        seen = same(scenario, raises=tuc.CheckpointError)
-        self.assertExpectedInline(seen.error[1].replace(DEBUG_TIP, "<tip>"), """\
+        def fn(x):
+            log.append(None)
+            return x.sin() if len(log) == 1 else x * 2  # the scalar mul saves nothing
+
+        x = x_()
+        return grad_of(ckpt(fn, x), x)
+
+    seen = same(scenario, raises=tuc.CheckpointError)
+    assert_expected_inline(seen.error[1].replace(DEBUG_TIP, "<tip>"), """\
 torch.utils.checkpoint: A different number of tensors was saved during the original forward and recomputation.
 Number of tensors saved during forward: 1
 Number of tensors saved during recomputation: 0.
 <tip>""")
 
-    def test_more_tensors_saved_in_recompute_raise_without_early_stop(self) -> None:
-        def scenario():
-            log: list = []
 
-            def fn(x):
-                log.append(None)
-                return x.sin() if len(log) == 1 else x.sin().exp()
+def test_more_tensors_saved_in_recompute_raise_without_early_stop() -> None:
+    def scenario():
+        log: list = []
 
-            x = x_()
-            return grad_of(ckpt(fn, x, early_stop=False), x)
+        def fn(x):
+            log.append(None)
+            return x.sin() if len(log) == 1 else x.sin().exp()
 
-        seen = same(scenario, raises=tuc.CheckpointError)
-        self.assertExpectedInline(seen.error[1].replace(DEBUG_TIP, "<tip>"), """\
+        x = x_()
+        return grad_of(ckpt(fn, x, early_stop=False), x)
+
+    seen = same(scenario, raises=tuc.CheckpointError)
+    assert_expected_inline(seen.error[1].replace(DEBUG_TIP, "<tip>"), """\
 torch.utils.checkpoint: trying to save more tensors during recomputation than during the original forward pass.
 <tip>""")
 
-    def test_an_unknown_value_raises_value_error_even_without_grad(self) -> None:
-        def scenario():
-            with torch.no_grad():
-                ckpt(sin_exp, x_(), determinism_check="bogus")
 
-        seen = same(scenario, raises=ValueError)
-        self.assertExpectedInline(seen.error[1], """determinism_check should be one of ['default', 'none'], but got bogus""")  # noqa: E501
+def test_an_unknown_value_raises_value_error_even_without_grad() -> None:
+    def scenario():
+        with torch.no_grad():
+            ckpt(sin_exp, x_(), determinism_check="bogus")
+
+    seen = same(scenario, raises=ValueError)
+    assert_expected_inline(seen.error[1], """determinism_check should be one of ['default', 'none'], but got bogus""")
 
 
 # ---- debug ----
@@ -1079,38 +1082,38 @@ def test_a_retry_in_one_graph_exec_group_after_a_failed_recompute_gives_the_righ
     assert_equal(observe("sac2", scenario).value, grad_of(sin_exp(x), x))
 
 
-class TestUnpackErrors(TestCase):
-    @needs_group
-    def test_overlapping_backwards_in_one_graph_exec_group(self) -> None:
-        def scenario():
-            x = x_()
-            out = ckpt(sin_exp, x)
-            with GROUP():
-                grad_of(out, x, retain_graph=True)
-                grad_of(out, x)
+@needs_group
+def test_overlapping_backwards_in_one_graph_exec_group() -> None:
+    def scenario():
+        x = x_()
+        out = ckpt(sin_exp, x)
+        with GROUP():
+            grad_of(out, x, retain_graph=True)
+            grad_of(out, x)
 
-        seen = same(scenario, raises=tuc.CheckpointError)
-        self.assertExpectedInline(seen.error[1], """torch.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked once. Performing two backward calls that overlap (i.e. require the same saved activation in order to compute gradients) is not allowed while under the torch.utils.checkpoint.GraphExecGroup context. If you are calling ctx.saved_tensors in backward, make sure to do so only once. Otherwise please open an issue with details on your use case.""")  # noqa: E501
+    seen = same(scenario, raises=tuc.CheckpointError)
+    assert_expected_inline(seen.error[1], """torch.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked once. Performing two backward calls that overlap (i.e. require the same saved activation in order to compute gradients) is not allowed while under the torch.utils.checkpoint.GraphExecGroup context. If you are calling ctx.saved_tensors in backward, make sure to do so only once. Otherwise please open an issue with details on your use case.""")  # noqa: E501
 
-    def test_reading_ctx_saved_tensors_twice_in_one_backward(self) -> None:
-        class ReadsTwice(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, x):
-                ctx.save_for_backward(x)
-                return x.sin()
 
-            @staticmethod
-            def backward(ctx, grad):
-                (x,) = ctx.saved_tensors
-                (x,) = ctx.saved_tensors
-                return grad * x.cos()
+def test_reading_ctx_saved_tensors_twice_in_one_backward() -> None:
+    class ReadsTwice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
 
-        def scenario():
-            x = x_()
-            return grad_of(ckpt(ReadsTwice.apply, x), x)
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            (x,) = ctx.saved_tensors
+            return grad * x.cos()
 
-        seen = same(scenario, raises=tuc.CheckpointError)
-        self.assertExpectedInline(seen.error[1], """torch.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked once. If you are calling ctx.saved_tensors in backward, make sure to do so only once. Otherwise please open an issue with details on your use case.""")  # noqa: E501
+    def scenario():
+        x = x_()
+        return grad_of(ckpt(ReadsTwice.apply, x), x)
+
+    seen = same(scenario, raises=tuc.CheckpointError)
+    assert_expected_inline(seen.error[1], """torch.utils.checkpoint: Unpack is being triggered for a tensor that was already unpacked once. If you are calling ctx.saved_tensors in backward, make sure to do so only once. Otherwise please open an issue with details on your use case.""")  # noqa: E501
 
 
 # ---- CUDA initialised in the forward ----

@@ -2,9 +2,9 @@
 
 import gc
 
+import pytest
 import torch
 import torch.utils.checkpoint as tuc
-from expecttest import TestCase
 
 import sac2
 from sac2.measure.memory import measure_step
@@ -26,80 +26,87 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-class TestMeasureStepOnCPU(TestCase):
-    def test_no_checkpointing_keeps_every_output_of_an_exp_chain(self):
-        x = _input()
-        memory, loss = measure_step(lambda: _exp_chain(x).sum(), "cpu")
-        self.assertEqual(memory.kept, N_OPS * _nbytes(x) + _nbytes(loss))
+def test_no_checkpointing_keeps_every_output_of_an_exp_chain():
+    x = _input()
+    memory, loss = measure_step(lambda: _exp_chain(x).sum(), "cpu")
+    assert memory.kept == N_OPS * _nbytes(x) + _nbytes(loss)
 
-    def test_full_checkpointing_keeps_nothing_but_the_loss(self):
-        x = _input()
-        memory, loss = measure_step(
-            lambda: tuc.checkpoint(_exp_chain, x, use_reentrant=False, preserve_rng_state=False).sum(), "cpu"
-        )
-        self.assertEqual(memory.kept, _nbytes(loss))
 
-    def test_outputs_sac2_saves_are_counted(self):
-        x = _input()
-        context_fn = lambda: sac2.create_selective_checkpoint_contexts([torch.ops.aten.exp.default])  # noqa: E731
-        memory, loss = measure_step(
-            lambda: sac2.checkpoint(_exp_chain, x, context_fn=context_fn, preserve_rng_state=False).sum(), "cpu"
-        )
-        self.assertEqual(memory.kept, N_OPS * _nbytes(x) + _nbytes(loss))
+def test_full_checkpointing_keeps_nothing_but_the_loss():
+    x = _input()
+    memory, loss = measure_step(
+        lambda: tuc.checkpoint(_exp_chain, x, use_reentrant=False, preserve_rng_state=False).sum(), "cpu"
+    )
+    assert memory.kept == _nbytes(loss)
 
-    def test_outputs_stock_sac_saves_are_counted(self):
-        x = _input()
-        context_fn = lambda: tuc.create_selective_checkpoint_contexts([torch.ops.aten.exp.default])  # noqa: E731
-        memory, loss = measure_step(
-            lambda: tuc.checkpoint(
-                _exp_chain, x, use_reentrant=False, context_fn=context_fn, preserve_rng_state=False
-            ).sum(),
-            "cpu",
-        )
-        self.assertEqual(memory.kept, N_OPS * _nbytes(x) + _nbytes(loss))
 
-    def test_peak_sees_a_temporary_freed_inside_forward(self):
-        x = _input()
-        big = []
+def test_outputs_sac2_saves_are_counted():
+    x = _input()
+    context_fn = lambda: sac2.create_selective_checkpoint_contexts([torch.ops.aten.exp.default])  # noqa: E731
+    memory, loss = measure_step(
+        lambda: sac2.checkpoint(_exp_chain, x, context_fn=context_fn, preserve_rng_state=False).sum(), "cpu"
+    )
+    assert memory.kept == N_OPS * _nbytes(x) + _nbytes(loss)
 
-        def forward():
-            big.append(_nbytes(torch.ones(20 * x.numel())))  # allocated and freed at once
-            return (x * 2).sum()
 
-        memory, _ = measure_step(forward, "cpu")
-        self.assertEqual(memory.peak, big[0])
+def test_outputs_stock_sac_saves_are_counted():
+    x = _input()
+    context_fn = lambda: tuc.create_selective_checkpoint_contexts([torch.ops.aten.exp.default])  # noqa: E731
+    memory, loss = measure_step(
+        lambda: tuc.checkpoint(
+            _exp_chain, x, use_reentrant=False, context_fn=context_fn, preserve_rng_state=False
+        ).sum(),
+        "cpu",
+    )
+    assert memory.kept == N_OPS * _nbytes(x) + _nbytes(loss)
 
-    def test_peak_sees_the_recompute_of_full_checkpointing_in_backward(self):
-        x = _input()
-        memory, _ = measure_step(lambda: tuc.checkpoint(_exp_chain, x, use_reentrant=False).sum(), "cpu")
-        self.assertGreaterEqual(memory.peak, N_OPS * _nbytes(x))  # recompute materialises every output at once
 
-    def test_a_block_allocated_before_the_step_and_freed_inside_it_is_not_counted(self):
-        class Cycle:  # only the cycle collector frees it, whenever it runs
-            def __init__(self, t):
-                self.me, self.t = self, t
+def test_peak_sees_a_temporary_freed_inside_forward():
+    x = _input()
+    big = []
 
-        x = _input()
-        held = []
-        measure_step(lambda: (held.append(Cycle(torch.randn(4 * x.numel()))), (x * 2).sum())[1], "cpu")
+    def forward():
+        big.append(_nbytes(torch.ones(20 * x.numel())))  # allocated and freed at once
+        return (x * 2).sum()
 
-        def forward():
-            gc.collect()  # frees the earlier step's block in this step's window
-            return _exp_chain(x).sum()
+    memory, _ = measure_step(forward, "cpu")
+    assert memory.peak == big[0]
 
-        gc.disable()  # no automatic collection frees it before the window opens
-        try:
-            held.clear()
-            memory, loss = measure_step(forward, "cpu")
-        finally:
-            gc.enable()
-        self.assertEqual(memory.kept, N_OPS * _nbytes(x) + _nbytes(loss))
 
-    def test_backward_ran(self):
-        x = _input()
-        measure_step(lambda: _exp_chain(x).sum(), "cpu")
-        self.assertIsNotNone(x.grad)
+def test_peak_sees_the_recompute_of_full_checkpointing_in_backward():
+    x = _input()
+    memory, _ = measure_step(lambda: tuc.checkpoint(_exp_chain, x, use_reentrant=False).sum(), "cpu")
+    assert memory.peak >= N_OPS * _nbytes(x)  # recompute materialises every output at once
 
-    def test_unsupported_device_is_an_error_naming_it(self):
-        with self.assertRaisesRegex(ValueError, "cannot measure memory on meta"):
-            measure_step(lambda: torch.zeros((), device="meta"), "meta")
+
+def test_a_block_allocated_before_the_step_and_freed_inside_it_is_not_counted():
+    class Cycle:  # only the cycle collector frees it, whenever it runs
+        def __init__(self, t):
+            self.me, self.t = self, t
+
+    x = _input()
+    held = []
+    measure_step(lambda: (held.append(Cycle(torch.randn(4 * x.numel()))), (x * 2).sum())[1], "cpu")
+
+    def forward():
+        gc.collect()  # frees the earlier step's block in this step's window
+        return _exp_chain(x).sum()
+
+    gc.disable()  # no automatic collection frees it before the window opens
+    try:
+        held.clear()
+        memory, loss = measure_step(forward, "cpu")
+    finally:
+        gc.enable()
+    assert memory.kept == N_OPS * _nbytes(x) + _nbytes(loss)
+
+
+def test_backward_ran():
+    x = _input()
+    measure_step(lambda: _exp_chain(x).sum(), "cpu")
+    assert x.grad is not None
+
+
+def test_unsupported_device_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="cannot measure memory on meta"):
+        measure_step(lambda: torch.zeros((), device="meta"), "meta")

@@ -105,29 +105,32 @@ def test_regions_train_under_torch_compile_like_compiled_no_checkpointing(backen
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
 
 
-class TestErrors:
-    def test_a_pattern_matching_nothing_names_it_and_the_names_there(self):
-        model = _model()
-        with pytest.raises(ValueError, match=r"save=\['mlp.down_proj'\] matches no module inside the blocks"):
-            sac2.apply_ac(model, "regions", save=["mlp.down_proj"], blocks=model.blocks)
+def test_a_pattern_matching_nothing_names_it_and_the_names_there():
+    model = _model()
+    with pytest.raises(ValueError, match=r"save=\['mlp.down_proj'\] matches no module inside the blocks"):
+        sac2.apply_ac(model, "regions", save=["mlp.down_proj"], blocks=model.blocks)
 
-    def test_a_region_inside_a_region_is_refused(self):
-        net = nn.ModuleList([nn.Sequential(nn.Sequential(nn.Linear(2, 2)))])
-        with pytest.raises(ValueError, match=r"'0.0.0.0' is inside '0.0.0'.*cannot hold another"):
-            sac2.apply_ac(nn.Sequential(net), "regions", save=[nn.Sequential, "linear"], blocks=net)
 
-    def test_attention_without_an_interface_or_a_kernel_module_says_what_to_do(self):
-        net = nn.ModuleList([nn.Linear(2, 2)])
-        with pytest.raises(ValueError, match="found no attention call.*sac2.region\\(name='attention'\\)"):
-            sac2.apply_ac(nn.Sequential(net), "regions", save=["attention"], blocks=net)
+def test_a_region_inside_a_region_is_refused():
+    net = nn.ModuleList([nn.Sequential(nn.Sequential(nn.Linear(2, 2)))])
+    with pytest.raises(ValueError, match=r"'0.0.0.0' is inside '0.0.0'.*cannot hold another"):
+        sac2.apply_ac(nn.Sequential(net), "regions", save=[nn.Sequential, "linear"], blocks=net)
 
-    def test_save_only_applies_to_regions(self):
-        with pytest.raises(ValueError, match="save= only applies to mode='regions'"):
-            sac2.apply_ac(_model(), "selective", save=["linear"])
 
-    def test_a_save_entry_of_the_wrong_kind_is_a_type_error(self):
-        with pytest.raises(TypeError, match="neither a module class nor a string"):
-            sac2.apply_ac(_model(), "regions", save=[3])  # type: ignore[list-item]  # on purpose
+def test_attention_without_an_interface_or_a_kernel_module_says_what_to_do():
+    net = nn.ModuleList([nn.Linear(2, 2)])
+    with pytest.raises(ValueError, match="found no attention call.*sac2.region\\(name='attention'\\)"):
+        sac2.apply_ac(nn.Sequential(net), "regions", save=["attention"], blocks=net)
+
+
+def test_save_only_applies_to_regions():
+    with pytest.raises(ValueError, match="save= only applies to mode='regions'"):
+        sac2.apply_ac(_model(), "selective", save=["linear"])
+
+
+def test_a_save_entry_of_the_wrong_kind_is_a_type_error():
+    with pytest.raises(TypeError, match="neither a module class nor a string"):
+        sac2.apply_ac(_model(), "regions", save=[3])  # type: ignore[list-item]  # on purpose
 
 
 class _Blocks(nn.Module):

@@ -12,7 +12,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch._C import DispatchKey
 from torch._ops import HigherOrderOperator
 
@@ -121,28 +121,28 @@ def test_saved_hop_writing_into_nested_argument_writes_into_replayed_buffer():
     assert warned == []
 
 
-class WarningsTest(TestCase):
-    def test_saved_inplace_op_modified_again_later_is_recomputed_with_one_warning(self):
-        def fn(x):
-            a = x * 2
-            a.add_(1)
-            a.mul_(3)
-            return a.exp()
+def test_saved_inplace_op_modified_again_later_is_recomputed_with_one_warning():
+    def fn(x):
+        a = x * 2
+        a.add_(1)
+        a.mul_(3)
+        return a.exp()
 
-        rerun, warned = checkpoint_and_compare(fn, [aten.add_.Tensor], [aten.add_.Tensor])
-        self.assertEqual(rerun, {aten.add_.Tensor: 1})
-        self.assertExpectedInline(
-            "\n".join(warned),
-            """sac2: the policy saves aten.add_.Tensor (call 0 of that op, op 1 of the region), but a tensor it wrote was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""",  # noqa: E501
-        )
+    rerun, warned = checkpoint_and_compare(fn, [aten.add_.Tensor], [aten.add_.Tensor])
+    assert rerun == {aten.add_.Tensor: 1}
+    assert_expected_inline(
+        "\n".join(warned),
+        """sac2: the policy saves aten.add_.Tensor (call 0 of that op, op 1 of the region), but a tensor it wrote was modified in place later in the forward, so the saved value is stale; sac2 recomputes this op in backward instead. Have the policy recompute it to silence this warning.""",  # noqa: E501
+    )
 
-    def test_saved_hop_writing_invisibly_is_recomputed_with_one_warning(self):
-        rerun, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), False) * x, [write_exp], [write_exp])
-        self.assertEqual(rerun, {write_exp: 1})
-        self.assertExpectedInline(
-            "\n".join(warned),
-            """sac2: the policy saves test_mutation_write_exp, which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""",  # noqa: E501
-        )
+
+def test_saved_hop_writing_invisibly_is_recomputed_with_one_warning():
+    rerun, warned = checkpoint_and_compare(lambda x: HopExp.apply(x.cos(), False) * x, [write_exp], [write_exp])
+    assert rerun == {write_exp: 1}
+    assert_expected_inline(
+        "\n".join(warned),
+        """sac2: the policy saves test_mutation_write_exp, which returns nothing yet takes tensors, so it can only have written into them in ways sac2 cannot see or write back; it is recomputed in backward instead of saved.""",  # noqa: E501
+    )
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch import nn
 
 import sac2
@@ -128,19 +128,20 @@ def test_set_checkpoint_debug_enabled_false_overrides_debug_true(route: str) -> 
     assert str(caught.value).endswith(DEBUG_TIP)
 
 
-class TestDebugMessages(TestCase):
-    """The whole text of ``debug=True``'s error, for each way a recompute differs from its forward: torch's debug
-    wording first, the difference itself, then sac2's op lists (and, under a selective policy, what it saved)."""
+# The whole text of ``debug=True``'s error, for each way a recompute differs from its forward: torch's debug
+# wording first, the difference itself, then sac2's op lists (and, under a selective policy, what it saved).
 
-    def _error(self, forward: Fn, recompute: Fn, **options: Any) -> str:
-        x = torch.randn(1, requires_grad=True)
-        out = sac2.checkpoint(_first_then(forward, recompute), x, debug=True, **options)
-        with pytest.raises(RuntimeError) as caught:
-            out.sum().backward()
-        return str(caught.value)
 
-    def test_fewer_tensors_saved(self) -> None:
-        self.assertExpectedInline(self._error(_three, _two), """\
+def _error(forward: Fn, recompute: Fn, **options: Any) -> str:
+    x = torch.randn(1, requires_grad=True)
+    out = sac2.checkpoint(_first_then(forward, recompute), x, debug=True, **options)
+    with pytest.raises(RuntimeError) as caught:
+        out.sum().backward()
+    return str(caught.value)
+
+
+def test_fewer_tensors_saved() -> None:
+    assert_expected_inline(_error(_three, _two), """\
 An error happened while unpacking tensors; dumping logs of latest computation
 because you passed `debug=True` to `torch.utils.checkpoint.checkpoint()`.
 
@@ -162,10 +163,11 @@ sac2 debug trace (debug=True): the ops the checkpointed function dispatched, fir
     2  aten.sin.default  -  <<
 sac2 saved: nothing (full activation checkpointing, or no selective policy)""")  # noqa: E501
 
-    def test_more_tensors_saved_without_early_stop(self) -> None:
-        with tuc.set_checkpoint_early_stop(False):
-            error = self._error(_two, _three)
-        self.assertExpectedInline(error.split("\n\n", 3)[3], """\
+
+def test_more_tensors_saved_without_early_stop() -> None:
+    with tuc.set_checkpoint_early_stop(False):
+        error = _error(_two, _three)
+    assert_expected_inline(error.split("\n\n", 3)[3], """\
 torch.utils.checkpoint: trying to save more tensors during recomputation than during the original forward pass.
 
 sac2 debug trace (debug=True): the ops the checkpointed function dispatched, first difference marked <<
@@ -174,8 +176,9 @@ sac2 debug trace (debug=True): the ops the checkpointed function dispatched, fir
     1  aten.exp.default  aten.exp.default
 sac2 saved: nothing (full activation checkpointing, or no selective policy)""")  # noqa: E501
 
-    def test_tensors_of_another_shape(self) -> None:
-        self.assertExpectedInline(self._error(_two, _two_of_another_shape).split("\n\n", 3)[3], """\
+
+def test_tensors_of_another_shape() -> None:
+    assert_expected_inline(_error(_two, _two_of_another_shape).split("\n\n", 3)[3], """\
 torch.utils.checkpoint: Recomputed values for the following tensors have different metadata than during the forward pass.
 tensor at position 1:
 saved metadata: {'shape': torch.Size([1]), 'dtype': torch.float32, 'device': device(type='cpu')}
@@ -188,10 +191,11 @@ sac2 debug trace (debug=True): the ops the checkpointed function dispatched, fir
     1  aten.exp.default  aten.lift_fresh.default  <<
 sac2 saved: nothing (full activation checkpointing, or no selective policy)""")  # noqa: E501
 
-    def test_a_divergence_sac2s_replay_found(self) -> None:
-        context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [torch.ops.aten.exp.default])
-        error = self._error(lambda x: x.sin().exp(), lambda x: x.cos().exp(), context_fn=context_fn)
-        self.assertExpectedInline(error.split("\n\n", 3)[3], """\
+
+def test_a_divergence_sac2s_replay_found() -> None:
+    context_fn = functools.partial(sac2.create_selective_checkpoint_contexts, [torch.ops.aten.exp.default])
+    error = _error(lambda x: x.sin().exp(), lambda x: x.cos().exp(), context_fn=context_fn)
+    assert_expected_inline(error.split("\n\n", 3)[3], """\
 sac2: recompute diverged from forward at op 0 of the region: forward ran aten.sin.default (call 0 of that op, op 0 of the region), recompute ran aten.cos.default. The checkpointed function must run the same ops in backward as in forward: look for control flow that depends on global state, on data that changed since forward, or on whether a tensor requires grad, and for state the function updates as it runs, such as a KV cache (Hugging Face models: pass use_cache=False when training with checkpointing).
 
 sac2 debug trace (debug=True): the ops the checkpointed function dispatched, first difference marked <<

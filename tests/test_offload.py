@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch import nn
 
 import sac2
@@ -51,32 +51,35 @@ def _step_memory(answer: CheckpointPolicy) -> Memory:
     return memory
 
 
-class TestCpuOffloadOnCpu(TestCase):
-    def test_must_cpu_offload_saves_the_output(self):
-        grad, runs = _run(_offload_counted(CheckpointPolicy.MUST_CPU_OFFLOAD))
-        self.assertEqual(runs, 1)  # forward only: backward served the kept output
+def test_must_cpu_offload_saves_the_output():
+    grad, runs = _run(_offload_counted(CheckpointPolicy.MUST_CPU_OFFLOAD))
+    assert runs == 1  # forward only: backward served the kept output
 
-    def test_prefer_cpu_offload_saves_the_output(self):
-        grad, runs = _run(_offload_counted(CheckpointPolicy.PREFER_CPU_OFFLOAD))
-        self.assertEqual(runs, 1)
 
-    def test_gradients_match_no_checkpoint_bit_for_bit(self):
-        grad, _ = _run(_offload_counted(CheckpointPolicy.MUST_CPU_OFFLOAD))
-        x = randn(8)
-        (want,) = torch.autograd.grad(_f(x).sum(), x)
-        self.assertTrue(torch.equal(grad, want))
+def test_prefer_cpu_offload_saves_the_output():
+    grad, runs = _run(_offload_counted(CheckpointPolicy.PREFER_CPU_OFFLOAD))
+    assert runs == 1
 
-    def test_a_cpu_entry_keeps_the_one_output_it_saves(self):
-        x = randn(1024)
-        kept = sac2.activation_memory(_f, (x,), _offload_counted(CheckpointPolicy.MUST_CPU_OFFLOAD))
-        self.assertEqual(kept, x.nbytes)  # counted's output, and nothing else
 
-    def test_a_cpu_entry_costs_what_an_ordinary_save_costs_and_copies_nothing(self):
-        offloaded = _step_memory(CheckpointPolicy.MUST_CPU_OFFLOAD)
-        saved = _step_memory(CheckpointPolicy.MUST_SAVE)
-        recomputed = _step_memory(CheckpointPolicy.PREFER_RECOMPUTE)
-        self.assertEqual(offloaded, saved)  # kept and peak: no host copy was made or kept
-        self.assertEqual(offloaded.kept - recomputed.kept, 1024 * 4)
+def test_gradients_match_no_checkpoint_bit_for_bit():
+    grad, _ = _run(_offload_counted(CheckpointPolicy.MUST_CPU_OFFLOAD))
+    x = randn(8)
+    (want,) = torch.autograd.grad(_f(x).sum(), x)
+    assert torch.equal(grad, want)
+
+
+def test_a_cpu_entry_keeps_the_one_output_it_saves():
+    x = randn(1024)
+    kept = sac2.activation_memory(_f, (x,), _offload_counted(CheckpointPolicy.MUST_CPU_OFFLOAD))
+    assert kept == x.nbytes  # counted's output, and nothing else
+
+
+def test_a_cpu_entry_costs_what_an_ordinary_save_costs_and_copies_nothing():
+    offloaded = _step_memory(CheckpointPolicy.MUST_CPU_OFFLOAD)
+    saved = _step_memory(CheckpointPolicy.MUST_SAVE)
+    recomputed = _step_memory(CheckpointPolicy.PREFER_RECOMPUTE)
+    assert offloaded == saved  # kept and peak: no host copy was made or kept
+    assert offloaded.kept - recomputed.kept == 1024 * 4
 
 
 # ---- apply_ac(offload=...) ----
@@ -263,33 +266,38 @@ def test_a_nested_checkpoints_inputs_stay_positions_of_the_outer_one():
     assert torch.equal(grad, leaf.grad)
 
 
-class TestApplyAcOffloadArguments(TestCase):
-    def _error(self, error, **kwargs):
-        with stand_in(), self.assertRaises(error) as caught:
-            sac2.apply_ac(Net(), **kwargs)
-        return str(caught.exception)
+def _error(error, **kwargs):
+    with stand_in(), pytest.raises(error) as caught:
+        sac2.apply_ac(Net(), **kwargs)
+    return str(caught.value)
 
-    def test_offload_with_mode_none_is_an_error(self):
-        self.assertExpectedInline(self._error(ValueError, mode="none", offload=["inputs"]), """\
+
+def test_offload_with_mode_none_is_an_error():
+    assert_expected_inline(_error(ValueError, mode="none", offload=["inputs"]), """\
 sac2.apply_ac: offload=['inputs'] with mode='none', which checkpoints nothing and so saves nothing.""")
 
-    def test_an_empty_offload_is_an_error(self):
-        self.assertExpectedInline(self._error(ValueError, offload=[]), """\
+
+def test_an_empty_offload_is_an_error():
+    assert_expected_inline(_error(ValueError, offload=[]), """\
 sac2.apply_ac: offload= names nothing; name what to keep in host memory ("inputs", "attention", "linear", a module class or name, an op) or leave it out.""")  # noqa: E501
 
-    def test_one_name_is_an_error(self):
-        self.assertExpectedInline(self._error(TypeError, offload="inputs"), """\
+
+def test_one_name_is_an_error():
+    assert_expected_inline(_error(TypeError, offload="inputs"), """\
 sac2.apply_ac: offload='inputs' is one name; pass a list of names, e.g. ['inputs'].""")
 
-    def test_something_that_is_no_target_is_an_error(self):
-        self.assertExpectedInline(self._error(TypeError, offload=[3]), """\
+
+def test_something_that_is_no_target_is_an_error():
+    assert_expected_inline(_error(TypeError, offload=[3]), """\
 sac2.apply_ac: offload= holds 3 (int); expected "inputs", a region name ("attention", "linear", "experts", a module name glob), an nn.Module class, or an op overload such as torch.ops.aten.mm.default.""")  # noqa: E501
 
-    def test_a_region_name_that_matches_nothing_is_an_error(self):
-        self.assertIn("matches no module", self._error(ValueError, mode="regions", offload=["nothing.here"]))
 
-    def test_an_op_packet_is_an_error(self):
-        self.assertIn("aten.mm.default", self._error(ValueError, offload=[aten.mm]))
+def test_a_region_name_that_matches_nothing_is_an_error():
+    assert "matches no module" in _error(ValueError, mode="regions", offload=["nothing.here"])
+
+
+def test_an_op_packet_is_an_error():
+    assert "aten.mm.default" in _error(ValueError, offload=[aten.mm])
 
 
 def test_without_an_accelerator_offload_changes_nothing_and_says_so_once(monkeypatch):

@@ -11,10 +11,10 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as tuc
-from expecttest import TestCase
 from torch import nn
 from torch._higher_order_ops.wrap import InductorCompiledCallable, inductor_code_side_table, inductor_compiled_code
 from torch._ops import HigherOrderOperator
@@ -89,103 +89,118 @@ def _round_trip(obj):
     return pickle.loads(pickle.dumps(obj))
 
 
-class TestPoliciesPickle(TestCase):
-    def setUp(self):
-        self.block = _block(compiled=True)
-        self.calls = _recorded_calls(self.block)
-
-    def _assert_decides_the_same(self, policy):
-        before = _answers(policy, self.calls)
-        self.assertEqual(_answers(_round_trip(policy), self.calls), before)
-        self.assertNotEqual(set(before), {"PREFER_RECOMPUTE"})  # it decides something
-
-    def test_llm(self):
-        self._assert_decides_the_same(policies.llm())
-
-    def test_torchtitan(self):
-        self._assert_decides_the_same(policies.torchtitan(self.block, ["gate"]))
-
-    def test_every_other_matmul(self):
-        self._assert_decides_the_same(policies.every_other_matmul())
-
-    def test_recompute_linears(self):
-        self._assert_decides_the_same(policies.recompute_linears(self.block, ["gate"]))
-
-    def test_compose(self):
-        block = self.block
-        self._assert_decides_the_same(
-            policies.compose(policies.recompute_linears(block, ["gate"]), policies.every_other_matmul(), policies.llm())
-        )
-
-    def test_save_list_of_ops_hops_and_regions(self):
-        self._assert_decides_the_same(
-            SaveList([aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention, sac2.Region("mlp")])
-        )
-
-    def test_memory_budget_keyed_by_ops_hops_compiled_callables_and_regions(self):
-        budget = policies.memory_budget(self.block, (randn(2, 4, 8),), 0.5, cost="flops")
-        keys = {type(c.key).__name__ for c in budget.profile.calls}
-        self.assertLessEqual({"OpOverload", "Region", "tuple"}, keys)  # the tuple holds the HOP and its callable
-        self._assert_decides_the_same(budget)
+@pytest.fixture
+def block() -> nn.Module:
+    return _block(compiled=True)
 
 
-class TestPoliciesLoadInANewProcess(TestCase):
-    def test_a_preset_listing_an_op_torch_registers_on_import_loads_where_nothing_imported_it(self):
-        """``torch_attn._varlen_attn`` exists once ``torch.nn.attention.varlen`` is imported: a resumed trainer loads
-        its pickled policy before anything imports that module."""
-        blob = pickle.dumps(policies.llm())
-        code = (
-            "import pickle, sys, sac2, torch\n"
-            "assert 'torch.nn.attention.varlen' not in sys.modules\n"
-            "policy = pickle.loads(sys.stdin.buffer.read())\n"
-            "print(torch.ops.torch_attn._varlen_attn.default in policy.ops)\n"
-        )
-        out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True)
-        self.assertEqual(out.stdout.decode().strip(), "True")
+@pytest.fixture
+def calls(block) -> list[tuple]:
+    """The calls a policy is asked about in one forward of ``block``."""
+    return _recorded_calls(block)
 
 
-class TestContextFnPickles(TestCase):
-    def test_partial_over_a_list_rebuilds_the_same_ops_and_checkpoints(self):
-        ops: list[Any] = [aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention]  # ops and a HOP
-        context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, ops))
-        for loaded, op in zip(context_fn.args[0], ops, strict=True):
-            self.assertIs(loaded, op)
-        sac2.checkpoint(_block(), randn(2, 4, 8), context_fn=context_fn).sum().backward()
-
-    def test_partial_over_a_preset(self):
-        context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, policies.llm()))
-        sac2.checkpoint(_block(), randn(2, 4, 8), context_fn=context_fn).sum().backward()
-
-    def test_torchs_own_list_policy_pickles_once_sac2_is_imported(self):
-        context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, [aten.mm.default])
-        self.assertIs(_round_trip(context_fn).args[0][0], aten.mm.default)
-
-    def test_a_hop_made_after_sac2_was_imported_pickles_in_a_save_list(self):
-        class LateHOP(HigherOrderOperator):
-            def __init__(self) -> None:
-                super().__init__("sac2_test_late_hop")
-
-            def __call__(self, *args):
-                return super().__call__(*args)
-
-        hop = LateHOP()
-        self.assertEqual(_round_trip(SaveList([hop])).ops, frozenset([hop]))
+def _assert_decides_the_same(calls: list[tuple], policy):
+    before = _answers(policy, calls)
+    assert _answers(_round_trip(policy), calls) == before
+    assert set(before) != {"PREFER_RECOMPUTE"}  # it decides something
 
 
-class TestCheckpointedModulesPickle(TestCase):
-    def test_torch_save_and_load_keep_checkpoint_module_checkpointing(self):
-        model = nn.Sequential(_block(), nn.Linear(8, 8))
-        sac2.checkpoint_module(
-            model[0], context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, policies.llm())
-        )
-        buffer = io.BytesIO()
-        torch.save(model, buffer)
-        buffer.seek(0)
-        loaded = torch.load(buffer, weights_only=False)
-        self.assertIs(type(loaded[0]), type(model[0]))
-        runs = []
-        loaded[0].gate.register_forward_hook(lambda *_: runs.append(1))
-        out = loaded(randn(2, 4, 8))
-        self.assertTrue(torch.equal(out, model(randn(2, 4, 8))))
-        out.sum().backward()
-        self.assertEqual(len(runs), 2)  # forward, and again in backward's recompute
+def test_llm(calls):
+    _assert_decides_the_same(calls, policies.llm())
+
+
+def test_torchtitan(block, calls):
+    _assert_decides_the_same(calls, policies.torchtitan(block, ["gate"]))
+
+
+def test_every_other_matmul(calls):
+    _assert_decides_the_same(calls, policies.every_other_matmul())
+
+
+def test_recompute_linears(block, calls):
+    _assert_decides_the_same(calls, policies.recompute_linears(block, ["gate"]))
+
+
+def test_compose(block, calls):
+    _assert_decides_the_same(
+        calls,
+        policies.compose(policies.recompute_linears(block, ["gate"]), policies.every_other_matmul(), policies.llm())
+    )
+
+
+def test_save_list_of_ops_hops_and_regions(calls):
+    _assert_decides_the_same(
+        calls,
+        SaveList([aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention, sac2.Region("mlp")])
+    )
+
+
+def test_memory_budget_keyed_by_ops_hops_compiled_callables_and_regions(block, calls):
+    budget = policies.memory_budget(block, (randn(2, 4, 8),), 0.5, cost="flops")
+    keys = {type(c.key).__name__ for c in budget.profile.calls}
+    assert {"OpOverload", "Region", "tuple"} <= keys  # the tuple holds the HOP and its callable
+    _assert_decides_the_same(calls, budget)
+
+
+def test_a_preset_listing_an_op_torch_registers_on_import_loads_where_nothing_imported_it():
+    """``torch_attn._varlen_attn`` exists once ``torch.nn.attention.varlen`` is imported: a resumed trainer loads
+    its pickled policy before anything imports that module."""
+    blob = pickle.dumps(policies.llm())
+    code = (
+        "import pickle, sys, sac2, torch\n"
+        "assert 'torch.nn.attention.varlen' not in sys.modules\n"
+        "policy = pickle.loads(sys.stdin.buffer.read())\n"
+        "print(torch.ops.torch_attn._varlen_attn.default in policy.ops)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True)
+    assert out.stdout.decode().strip() == "True"
+
+
+def test_partial_over_a_list_rebuilds_the_same_ops_and_checkpoints():
+    ops: list[Any] = [aten.mm.default, aten.addmm.default, torch.ops.higher_order.flex_attention]  # ops and a HOP
+    context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, ops))
+    for loaded, op in zip(context_fn.args[0], ops, strict=True):
+        assert loaded is op
+    sac2.checkpoint(_block(), randn(2, 4, 8), context_fn=context_fn).sum().backward()
+
+
+def test_partial_over_a_preset():
+    context_fn = _round_trip(functools.partial(sac2.create_selective_checkpoint_contexts, policies.llm()))
+    sac2.checkpoint(_block(), randn(2, 4, 8), context_fn=context_fn).sum().backward()
+
+
+def test_torchs_own_list_policy_pickles_once_sac2_is_imported():
+    context_fn = functools.partial(tuc.create_selective_checkpoint_contexts, [aten.mm.default])
+    assert _round_trip(context_fn).args[0][0] is aten.mm.default
+
+
+def test_a_hop_made_after_sac2_was_imported_pickles_in_a_save_list():
+    class LateHOP(HigherOrderOperator):
+        def __init__(self) -> None:
+            super().__init__("sac2_test_late_hop")
+
+        def __call__(self, *args):
+            return super().__call__(*args)
+
+    hop = LateHOP()
+    assert _round_trip(SaveList([hop])).ops == frozenset([hop])
+
+
+def test_torch_save_and_load_keep_checkpoint_module_checkpointing():
+    model = nn.Sequential(_block(), nn.Linear(8, 8))
+    sac2.checkpoint_module(
+        model[0], context_fn=functools.partial(sac2.create_selective_checkpoint_contexts, policies.llm())
+    )
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert type(loaded[0]) is type(model[0])
+    runs = []
+    # the assert makes loaded[0] an nn.Module to mypy, whose attributes torch's stubs type as Tensor | Module
+    loaded[0].gate.register_forward_hook(lambda *_: runs.append(1))  # type: ignore[union-attr]
+    out = loaded(randn(2, 4, 8))
+    assert torch.equal(out, model(randn(2, 4, 8)))
+    out.sum().backward()
+    assert len(runs) == 2  # forward, and again in backward's recompute

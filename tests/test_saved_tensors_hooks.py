@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
-from expecttest import TestCase
+from expecttest import assert_expected_inline
 from torch.autograd.graph import save_on_cpu, saved_tensors_hooks
 
 import sac2
@@ -113,20 +113,22 @@ def _warnings(run: Callable[[torch.Tensor], torch.Tensor]) -> list[warnings.Warn
     return [w for w in caught if issubclass(w.category, FutureWarning)]
 
 
-class TestWarning(TestCase):
-    def test_respect_none_warns_when_hooks_are_in_scope_and_something_is_saved(self) -> None:
-        (warning,) = _warnings(partial(_sac2, respect=None))
-        self.assertExpectedInline(str(warning.message), """A saved_tensors_hooks context (e.g. save_on_cpu) is active around a selective activation checkpoint region. Tensors that SAC saves currently bypass these hooks, but a future release will route them through the hooks like any other saved tensor. Silence this warning and choose the behavior explicitly by passing respect_saved_tensors_hooks=True|False to sac2.checkpoint.""")  # noqa: E501
+def test_respect_none_warns_when_hooks_are_in_scope_and_something_is_saved() -> None:
+    (warning,) = _warnings(partial(_sac2, respect=None))
+    assert_expected_inline(str(warning.message), """A saved_tensors_hooks context (e.g. save_on_cpu) is active around a selective activation checkpoint region. Tensors that SAC saves currently bypass these hooks, but a future release will route them through the hooks like any other saved tensor. Silence this warning and choose the behavior explicitly by passing respect_saved_tensors_hooks=True|False to sac2.checkpoint.""")  # noqa: E501
 
-    def test_warning_points_at_the_callers_line(self) -> None:
-        (warning,) = _warnings(partial(_sac2, respect=None))
-        assert warning.filename == __file__
 
-    def test_respect_none_is_silent_when_nothing_is_saved(self) -> None:
-        assert _warnings(partial(_sac2, respect=None, policy=[])) == []
+def test_warning_points_at_the_callers_line() -> None:
+    (warning,) = _warnings(partial(_sac2, respect=None))
+    assert warning.filename == __file__
 
-    def test_respect_false_is_silent(self) -> None:
-        assert _warnings(partial(_sac2, respect=False)) == []
+
+def test_respect_none_is_silent_when_nothing_is_saved() -> None:
+    assert _warnings(partial(_sac2, respect=None, policy=[])) == []
+
+
+def test_respect_false_is_silent() -> None:
+    assert _warnings(partial(_sac2, respect=False)) == []
 
 
 def test_respect_none_is_silent_without_user_hooks() -> None:

@@ -16,7 +16,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import torch  # noqa: E402
-from expecttest import TestCase  # noqa: E402
+from expecttest import assert_expected_inline  # noqa: E402
 
 import sac2  # noqa: E402
 from sac2.__main__ import main  # noqa: E402
@@ -92,48 +92,44 @@ def _loss(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tens
     return model(**inputs).loss
 
 
-class TestConfigMisuse(TestCase):
-    def misuse(self, argv: list[str]) -> str:
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as exit:
-            main(["advise", *argv])
-        self.assertEqual(exit.exception.code, 2, err.getvalue())
-        lines = err.getvalue().splitlines()
-        self.assertEqual([line for line in lines if "error:" in line], lines[-1:], err.getvalue())
-        return lines[-1]
+def _misuse(argv: list[str]) -> str:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit:
+        main(["advise", *argv])
+    assert exit.value.code == 2, err.getvalue()
+    lines = err.getvalue().splitlines()
+    assert [line for line in lines if "error:" in line] == lines[-1:], err.getvalue()
+    return lines[-1]
 
-    def test_config_file_does_not_exist(self):
-        self.assertExpectedInline(
-            self.misuse(["--config", "/no/such/config.json"]),
-            """sac2 advise: error: argument --config: '/no/such/config.json' is neither a config.json file on disk nor a built-in config (tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-mixtral)""",  # noqa: E501
-        )
 
-    def test_config_file_is_not_json(self):
-        with open(self.tmp("config.json"), "w") as f:
-            f.write("hidden_size: 64\n")
-        self.assertExpectedInline(
-            self.misuse(["--config", self.tmp("config.json")]).replace(self.dir, "DIR"),
-            """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: not JSON (Expecting value: line 1 column 1 (char 0))""",  # noqa: E501
-        )
+def test_config_file_does_not_exist():
+    assert_expected_inline(
+        _misuse(["--config", "/no/such/config.json"]),
+        """sac2 advise: error: argument --config: '/no/such/config.json' is neither a config.json file on disk nor a built-in config (tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-mixtral)""",  # noqa: E501
+    )
 
-    def test_config_file_has_no_model_type(self):
-        with open(self.tmp("config.json"), "w") as f:
-            json.dump({"hidden_size": 64}, f)
-        self.assertExpectedInline(
-            self.misuse(["--config", self.tmp("config.json")]).replace(self.dir, "DIR"),
-            """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: it has no 'model_type'""",  # noqa: E501
-        )
 
-    def test_config_file_runs(self):
-        model_type, kwargs = advisor_cli.CONFIGS["tiny-llama"]
-        with open(self.tmp("config.json"), "w") as f:
-            json.dump({"model_type": model_type, **kwargs, "num_hidden_layers": 2}, f)
-        config = advisor_cli._config(self.tmp("config.json"))
-        self.assertEqual((config.model_type, config.num_hidden_layers, config.use_cache), ("llama", 2, False))
+def test_config_file_is_not_json(tmp_path):
+    with open(f"{tmp_path}/config.json", "w") as f:
+        f.write("hidden_size: 64\n")
+    assert_expected_inline(
+        _misuse(["--config", f"{tmp_path}/config.json"]).replace(str(tmp_path), "DIR"),
+        """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: not JSON (Expecting value: line 1 column 1 (char 0))""",  # noqa: E501
+    )
 
-    def tmp(self, name: str) -> str:
-        import tempfile
 
-        if not hasattr(self, "dir"):
-            self.dir = tempfile.mkdtemp()
-        return f"{self.dir}/{name}"
+def test_config_file_has_no_model_type(tmp_path):
+    with open(f"{tmp_path}/config.json", "w") as f:
+        json.dump({"hidden_size": 64}, f)
+    assert_expected_inline(
+        _misuse(["--config", f"{tmp_path}/config.json"]).replace(str(tmp_path), "DIR"),
+        """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: it has no 'model_type'""",  # noqa: E501
+    )
+
+
+def test_config_file_runs(tmp_path):
+    model_type, kwargs = advisor_cli.CONFIGS["tiny-llama"]
+    with open(f"{tmp_path}/config.json", "w") as f:
+        json.dump({"model_type": model_type, **kwargs, "num_hidden_layers": 2}, f)
+    config = advisor_cli._config(f"{tmp_path}/config.json")
+    assert (config.model_type, config.num_hidden_layers, config.use_cache) == ("llama", 2, False)
