@@ -86,7 +86,12 @@ def test_a_block_allocated_before_the_step_and_freed_inside_it_is_not_counted():
 
     x = _input()
     held = []
-    measure_step(lambda: (held.append(Cycle(torch.randn(4 * x.numel()))), (x * 2).sum())[1], "cpu")
+
+    def allocating_forward():
+        held.append(Cycle(torch.randn(4 * x.numel())))
+        return (x * 2).sum()
+
+    measure_step(allocating_forward, "cpu")
 
     def forward():
         gc.collect()  # frees the earlier step's block in this step's window

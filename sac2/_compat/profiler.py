@@ -12,6 +12,8 @@ from sac2.messages.internal import InternalError
 
 __all__ = ["allocation_sizes"]
 
+_Allocation = torch._C._profiler._ExtraFields_Allocation
+
 
 def allocation_sizes(prof: torch.profiler.profile) -> list[int]:
     """Signed sizes of the allocations (+) and frees (-) a finished ``profile_memory=True`` profiler recorded,
@@ -31,8 +33,8 @@ def allocation_sizes(prof: torch.profiler.profile) -> list[int]:
     while pending:
         node = pending.pop()
         pending.extend(node.children)
-        if node.tag == torch._C._profiler._EventType.Allocation:
-            fields = node.extra_fields
+        fields = node.extra_fields
+        if isinstance(fields, _Allocation):
             events.append((node.start_time_ns, fields.ptr, fields.alloc_size))
     events.sort()
     live: set[int] = set()

@@ -19,6 +19,7 @@ need no client library), so CI runs no cell twice.
 
 from __future__ import annotations
 
+import heapq
 import importlib.util
 import inspect
 import itertools
@@ -387,15 +388,24 @@ def _cost(cell: Cell) -> int:
 
 def pairwise(cells: list[Cell], covered: frozenset = frozenset()) -> list[Cell]:
     """A pairwise covering design over ``cells``: greedily (deterministic) take the cell covering the most pairs not
-    yet covered, the cheaper one on a tie, then the first in product order, until every pair some cell has is
-    (``covered``: pairs other cells cover already)."""
-    pool = {c: (pairs_of(c), _cost(c)) for c in cells}
-    uncovered = set().union(*(pairs for pairs, _ in pool.values())) - covered
+    yet covered, the cheaper one on a tie, then the first in ``cells``' order, until every pair some cell has is
+    (``covered``: pairs other cells cover already).
+
+    Lazily: a cell's count of new pairs only falls as others are taken, so the heap holds each cell under the count
+    it had when last looked at, and the cell on top is taken once its fresh count still puts it first."""
+    pairs = [pairs_of(c) for c in cells]
+    uncovered = set().union(*pairs) - covered
+    heap = [(-len(p & uncovered), _cost(c), i) for i, (c, p) in enumerate(zip(cells, pairs, strict=True))]
+    heapq.heapify(heap)
     chosen: list[Cell] = []
     while uncovered:
-        best = max(pool, key=lambda c: (len(pool[c][0] & uncovered), -pool[c][1]))
-        uncovered -= pool.pop(best)[0]
-        chosen.append(best)
+        _, cost, i = heapq.heappop(heap)
+        fresh = (-len(pairs[i] & uncovered), cost, i)
+        if heap and fresh > heap[0]:
+            heapq.heappush(heap, fresh)  # others may now cover more: look again
+            continue
+        uncovered -= pairs[i]
+        chosen.append(cells[i])
     return sorted(chosen)
 
 
