@@ -113,6 +113,25 @@ def test_saved_views_of_one_tensor_written_through_it_raise_autograds_error_nami
         out.sum().backward()
 
 
+@pytest.mark.parametrize("route", ["none", "full AC", "SAC saving nothing"])
+def test_a_saved_tensor_written_after_the_forward_through_a_detached_alias_raises_autograds_error(route):
+    """``detach()`` shares the version counter, not the tensor: the saved tensor dies with the forward, and a write
+    through the alias that lives on is still a write into what backward needs (the frame's witness sees it)."""
+    aliases: list[torch.Tensor] = []
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.exp()  # exp saves its output
+        aliases.append(y.detach())
+        return y.sum()
+
+    x = torch.randn(4, requires_grad=True)
+    out = f(x) if route == "none" else _ROUTES[route](lambda x: f(x), x)  # type: ignore[arg-type]  # a function
+    with torch.no_grad():
+        aliases[0].add_(1.0)
+    with pytest.raises(RuntimeError, match=_AUTOGRAD_INPLACE + r": \[torch.FloatTensor \[4\]\]"):
+        out.backward()
+
+
 def test_a_write_before_the_tensor_is_saved_is_no_error():
     def f(x: torch.Tensor) -> torch.Tensor:
         n = x * 2.0
