@@ -7,7 +7,9 @@ registered here once per process, under the ``sac2_test_helpers`` namespace.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import re
 from collections import Counter
 from pathlib import Path
@@ -23,6 +25,7 @@ import sac2
 
 __all__ = [
     "ROOT",
+    "cli_error",
     "COUNTED",
     "randn",
     "grads",
@@ -316,3 +319,19 @@ def inplace_chain(x: torch.Tensor) -> torch.Tensor:
     b = a.sin()
     b.mul_(3)
     return b.exp()
+
+
+def cli_error(argv: list[str]) -> str:
+    """Run ``sac2 ARGV...``, which must exit 2 after its usage line and one error line; return the error line."""
+    import pytest
+
+    from sac2.__main__ import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 2, err.getvalue()
+    lines = err.getvalue().splitlines()
+    assert lines[0].startswith("usage: sac2"), err.getvalue()
+    assert [line for line in lines if "error:" in line] == lines[-1:], err.getvalue()
+    return lines[-1]

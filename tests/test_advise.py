@@ -34,6 +34,8 @@ from sac2.measure.memory import measure_step
 from sac2.measure.step import Progress, Result
 from sac2.offload.standin import stand_in
 
+from helpers import cli_error
+
 
 class Attention(nn.Module):
     """A parameterless attention kernel module (what ``save=["attention"]`` finds outside transformers)."""
@@ -502,18 +504,6 @@ def test_the_recommended_row_is_never_dominated():
     assert advice.recommended not in advice.dominated
 
 
-def _misuse(argv: list[str]) -> str:
-    """Run ``sac2 advise``, which must exit 2 after its usage line; return the one error line."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit:
-        main(["advise", *argv])
-    assert exit.value.code == 2, err.getvalue()
-    lines = err.getvalue().splitlines()
-    assert lines[0].startswith("usage: sac2 advise"), err.getvalue()
-    assert [line for line in lines if "error:" in line] == lines[-1:], err.getvalue()
-    return lines[-1]
-
-
 def test_factory_runs_prints_and_writes_json():
     path = f"{tempfile.mkdtemp()}/advice.json"
     out = io.StringIO()
@@ -529,7 +519,7 @@ def test_factory_runs_prints_and_writes_json():
 
 def test_needs_a_model():
     assert_expected_inline(
-        _misuse([]), """sac2 advise: error: one of the arguments --config --factory is required"""
+        cli_error(["advise"]), """sac2 advise: error: one of the arguments --config --factory is required"""
     )
 
 
@@ -537,42 +527,42 @@ def test_needs_a_model():
                     is not None, reason="transformers is installed")
 def test_config_without_transformers():
     assert_expected_inline(
-        _misuse(["--config", "tiny-llama"]),
+        cli_error(["advise", "--config", "tiny-llama"]),
         """sac2 advise: error: argument --config: needs transformers (pip install transformers); or use --factory""",
     )
 
 
 def test_factory_not_module_colon_function():
     assert_expected_inline(
-        _misuse(["--factory", "test_advise.make_model"]),
+        cli_error(["advise", "--factory", "test_advise.make_model"]),
         """sac2 advise: error: argument --factory: must be module:function (e.g. mypkg.models:make), got 'test_advise.make_model'""",  # noqa: E501
     )
 
 
 def test_factory_module_cannot_be_imported():
     assert_expected_inline(
-        _misuse(["--factory", "no_such_module_xyz:make"]),
+        cli_error(["advise", "--factory", "no_such_module_xyz:make"]),
         """sac2 advise: error: argument --factory: cannot import module 'no_such_module_xyz': ModuleNotFoundError: No module named 'no_such_module_xyz'""",  # noqa: E501
     )
 
 
 def test_factory_has_no_such_function():
     assert_expected_inline(
-        _misuse(["--factory", "test_advise:make_everything"]),
+        cli_error(["advise", "--factory", "test_advise:make_everything"]),
         """sac2 advise: error: argument --factory: module 'test_advise' has no callable 'make_everything'""",
     )
 
 
 def test_factory_returns_no_model():
     assert_expected_inline(
-        _misuse(["--factory", "test_advise:make_nothing"]),
+        cli_error(["advise", "--factory", "test_advise:make_nothing"]),
         """sac2 advise: error: argument --factory: test_advise:make_nothing returned int; it must return an nn.Module or (model, example_inputs)""",  # noqa: E501
     )
 
 
 def test_command_line_bad_memory_target():
     assert_expected_inline(
-        _misuse(["--factory", "test_advise:make_model", "--memory-target", "lots"]),
+        cli_error(["advise", "--factory", "test_advise:make_model", "--memory-target", "lots"]),
         """sac2 advise: error: argument --memory-target: must be a fraction in [0, 1] of what no checkpointing keeps (e.g. 0.5) or bytes with a unit (e.g. 200MiB, 1.5GiB, 300MB, 4096B), got 'lots'""",  # noqa: E501
     )
 

@@ -16,6 +16,8 @@ from sac2.__main__ import main
 from sac2.bench import cli, models
 from sac2.measure.step import Result
 
+from helpers import cli_error
+
 #: A bench command line that would run quickly, were the bench allowed to start.
 BENCH = ["bench", "--config", "tiny", "--steps", "1", "--curve", ""]
 
@@ -37,32 +39,20 @@ def _cuda(monkeypatch, built: bool, available: bool, count: int) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
 
 
-def _misuse(argv: list[str]) -> str:
-    """Run the command line, which must exit 2 after its usage line; return the last line it wrote."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit:
-        main(argv)
-    assert exit.value.code == 2, err.getvalue()
-    lines = err.getvalue().splitlines()
-    assert lines[0].startswith("usage: sac2"), err.getvalue()
-    assert [line for line in lines if "error:" in line] == lines[-1:], err.getvalue()
-    return lines[-1]
-
-
 def test_no_command():
-    assert_expected_inline(_misuse([]), """sac2: error: no command given; the commands are: bench, advise""")
+    assert_expected_inline(cli_error([]), """sac2: error: no command given; the commands are: bench, advise""")
 
 
 def test_unknown_command():
     assert_expected_inline(
-        _misuse(["benchmark"]), """sac2: error: unknown command 'benchmark'; the commands are: bench, advise"""
+        cli_error(["benchmark"]), """sac2: error: unknown command 'benchmark'; the commands are: bench, advise"""
     )
 
 
 def test_cuda_on_a_torch_built_without_cuda(monkeypatch):
     _cuda(monkeypatch, built=False, available=False, count=0)
     assert_expected_inline(
-        _misuse([*BENCH, "--device", "cuda"]),
+        cli_error([*BENCH, "--device", "cuda"]),
         """sac2 bench: error: argument --device: 'cuda' needs a CUDA build of torch; this one was built without CUDA""",
     )
 
@@ -70,7 +60,7 @@ def test_cuda_on_a_torch_built_without_cuda(monkeypatch):
 def test_cuda_with_no_gpu_visible(monkeypatch):
     _cuda(monkeypatch, built=True, available=False, count=0)
     assert_expected_inline(
-        _misuse([*BENCH, "--device", "cuda"]),
+        cli_error([*BENCH, "--device", "cuda"]),
         """sac2 bench: error: argument --device: 'cuda' needs a GPU; torch sees none (torch.cuda.is_available() is False)""",  # noqa: E501
     )
 
@@ -78,49 +68,49 @@ def test_cuda_with_no_gpu_visible(monkeypatch):
 def test_cuda_index_that_does_not_exist(monkeypatch):
     _cuda(monkeypatch, built=True, available=True, count=2)
     assert_expected_inline(
-        _misuse([*BENCH, "--device", "cuda:7"]),
+        cli_error([*BENCH, "--device", "cuda:7"]),
         """sac2 bench: error: argument --device: no device 'cuda:7'; the visible CUDA devices are cuda:0, cuda:1""",  # noqa: E501
     )
 
 
 def test_unknown_device_string():
     assert_expected_inline(
-        _misuse([*BENCH, "--device", "gpu"]),
+        cli_error([*BENCH, "--device", "gpu"]),
         """sac2 bench: error: argument --device: 'gpu' is not a torch device (e.g. cpu, cuda, cuda:1)""",
     )
 
 
 def test_device_the_bench_cannot_measure_memory_on():
     assert_expected_inline(
-        _misuse([*BENCH, "--device", "mps"]),
+        cli_error([*BENCH, "--device", "mps"]),
         """sac2 bench: error: argument --device: the bench measures memory on cpu and cuda only, not on 'mps'""",
     )
 
 
 def test_zero_steps():
     assert_expected_inline(
-        _misuse([*BENCH, "--steps", "0"]),
+        cli_error([*BENCH, "--steps", "0"]),
         """sac2 bench: error: argument --steps: must be a positive integer, got '0'""",
     )
 
 
 def test_curve_that_is_not_a_list_of_ints():
     assert_expected_inline(
-        _misuse([*BENCH, "--curve", "16,x"]),
+        cli_error([*BENCH, "--curve", "16,x"]),
         """sac2 bench: error: argument --curve: must be positive integers separated by commas (e.g. 16,256), got '16,x'""",  # noqa: E501
     )
 
 
 def test_curve_with_a_region_of_no_ops():
     assert_expected_inline(
-        _misuse([*BENCH, "--curve", "0,16"]),
+        cli_error([*BENCH, "--curve", "0,16"]),
         """sac2 bench: error: argument --curve: must be positive integers separated by commas (e.g. 16,256), got '0,16'""",  # noqa: E501
     )
 
 
 def test_zero_curve_repeat():
     assert_expected_inline(
-        _misuse([*BENCH, "--curve-repeat", "0"]),
+        cli_error([*BENCH, "--curve-repeat", "0"]),
         """sac2 bench: error: argument --curve-repeat: must be a positive integer, got '0'""",
     )
 
@@ -128,13 +118,13 @@ def test_zero_curve_repeat():
 def test_plot_without_matplotlib(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # importlib.util.find_spec("matplotlib") is None
     assert_expected_inline(
-        _misuse([*BENCH, "--plot", f"{tmp_path}/out.png"]),
+        cli_error([*BENCH, "--plot", f"{tmp_path}/out.png"]),
         """sac2 bench: error: --plot needs matplotlib: pip install 'sac2[plot]'""",
     )
 
 
 def test_json_into_a_directory_that_does_not_exist(tmp_path):
-    line = _misuse([*BENCH, "--json", f"{tmp_path}/missing/out.json"])
+    line = cli_error([*BENCH, "--json", f"{tmp_path}/missing/out.json"])
     assert_expected_inline(
         line.replace(str(tmp_path), "TMP"),
         """sac2 bench: error: argument --json: cannot write 'TMP/missing/out.json': directory 'TMP/missing' does not exist""",  # noqa: E501
@@ -142,7 +132,7 @@ def test_json_into_a_directory_that_does_not_exist(tmp_path):
 
 
 def test_plot_into_a_directory_that_does_not_exist(tmp_path):
-    line = _misuse([*BENCH, "--plot", f"{tmp_path}/missing/out.png"])
+    line = cli_error([*BENCH, "--plot", f"{tmp_path}/missing/out.png"])
     assert_expected_inline(
         line.replace(str(tmp_path), "TMP"),
         """sac2 bench: error: argument --plot: cannot write 'TMP/missing/out.png': directory 'TMP/missing' does not exist""",  # noqa: E501
@@ -150,7 +140,7 @@ def test_plot_into_a_directory_that_does_not_exist(tmp_path):
 
 
 def test_json_onto_a_directory(tmp_path):
-    line = _misuse([*BENCH, "--json", str(tmp_path)])
+    line = cli_error([*BENCH, "--json", str(tmp_path)])
     assert_expected_inline(
         line.replace(str(tmp_path), "TMP"),
         """sac2 bench: error: argument --json: cannot write 'TMP': it is a directory""",
@@ -159,14 +149,14 @@ def test_json_onto_a_directory(tmp_path):
 
 def test_backend_that_torch_compile_does_not_have():
     assert_expected_inline(
-        _misuse([*BENCH, "--compile", "--backend", "inductr"]),
+        cli_error([*BENCH, "--compile", "--backend", "inductr"]),
         """sac2 bench: error: argument --backend: 'inductr' is not a torch.compile backend (see torch.compiler.list_backends(exclude_tags=None))""",  # noqa: E501
     )
 
 
 def test_backend_without_compile():
     assert_expected_inline(
-        _misuse([*BENCH, "--backend", "aot_eager"]),
+        cli_error([*BENCH, "--backend", "aot_eager"]),
         """sac2 bench: error: argument --backend: applies only with --compile""",
     )
 

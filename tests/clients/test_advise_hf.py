@@ -23,6 +23,8 @@ from sac2.__main__ import main  # noqa: E402
 from sac2.advisor import cli as advisor_cli  # noqa: E402
 from sac2.measure.memory import measure_step  # noqa: E402
 
+from helpers import cli_error  # noqa: E402
+
 TARGET = "0.5"
 
 
@@ -92,19 +94,9 @@ def _loss(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tens
     return model(**inputs).loss
 
 
-def _misuse(argv: list[str]) -> str:
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit:
-        main(["advise", *argv])
-    assert exit.value.code == 2, err.getvalue()
-    lines = err.getvalue().splitlines()
-    assert [line for line in lines if "error:" in line] == lines[-1:], err.getvalue()
-    return lines[-1]
-
-
 def test_config_file_does_not_exist():
     assert_expected_inline(
-        _misuse(["--config", "/no/such/config.json"]),
+        cli_error(["advise", "--config", "/no/such/config.json"]),
         """sac2 advise: error: argument --config: '/no/such/config.json' is neither a config.json file on disk nor a built-in config (tiny-llama, tiny-qwen3, tiny-qwen3-moe, tiny-mixtral)""",  # noqa: E501
     )
 
@@ -113,7 +105,7 @@ def test_config_file_is_not_json(tmp_path):
     with open(f"{tmp_path}/config.json", "w") as f:
         f.write("hidden_size: 64\n")
     assert_expected_inline(
-        _misuse(["--config", f"{tmp_path}/config.json"]).replace(str(tmp_path), "DIR"),
+        cli_error(["advise", "--config", f"{tmp_path}/config.json"]).replace(str(tmp_path), "DIR"),
         """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: not JSON (Expecting value: line 1 column 1 (char 0))""",  # noqa: E501
     )
 
@@ -122,7 +114,7 @@ def test_config_file_has_no_model_type(tmp_path):
     with open(f"{tmp_path}/config.json", "w") as f:
         json.dump({"hidden_size": 64}, f)
     assert_expected_inline(
-        _misuse(["--config", f"{tmp_path}/config.json"]).replace(str(tmp_path), "DIR"),
+        cli_error(["advise", "--config", f"{tmp_path}/config.json"]).replace(str(tmp_path), "DIR"),
         """sac2 advise: error: argument --config: 'DIR/config.json' is not a Hugging Face model config: it has no 'model_type'""",  # noqa: E501
     )
 
