@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import sac2
+from sac2.__main__ import main
 
 __all__ = [
     "ROOT",
@@ -323,10 +325,6 @@ def inplace_chain(x: torch.Tensor) -> torch.Tensor:
 
 def cli_error(argv: list[str]) -> str:
     """Run ``sac2 ARGV...``, which must exit 2 after its usage line and one error line; return the error line."""
-    import pytest
-
-    from sac2.__main__ import main
-
     err = io.StringIO()
     with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exit:
         main(argv)
